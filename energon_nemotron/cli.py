@@ -1,0 +1,117 @@
+"""The ``energon-nemotron`` console script."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from typing import Optional, Sequence
+
+from energon_nemotron.errors import ConfigError, DataError
+
+
+def _encoder_args(p: argparse.ArgumentParser) -> None:
+    from energon_nemotron.registry import MEGATRON_PROMPT_FORMATS
+
+    g = p.add_argument_group("encoder (must match how the rows will be read)")
+    g.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer directory")
+    g.add_argument("--seq-length", type=int, required=True, help="row length L")
+    g.add_argument("--prompt-format", default="identity", choices=MEGATRON_PROMPT_FORMATS.names())
+    g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument("--pad-token", default=None, help="override the format's pad token")
+    g.add_argument("--chat-key", default="messages")
+    g.add_argument("--identity-unmasked", action="store_true",
+                   help="identity format of Megatron-LM v0.18-v0.19: every token trained")
+    g.add_argument("--allow-eos-pad", action="store_true",
+                   help="accept a pad id equal to EOS (every EOS label is then masked)")
+
+
+def _encoder(a: argparse.Namespace):
+    from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
+
+    return MegatronSFTPackedEncoder(
+        a.tokenizer, a.seq_length, prompt_format=a.prompt_format,
+        context_parallel_size=a.context_parallel_size, pad_token=a.pad_token, chat_key=a.chat_key,
+        identity_masks_prompt=not a.identity_unmasked, allow_eos_pad=a.allow_eos_pad)
+
+
+def cmd_pack_megatron(a: argparse.Namespace) -> int:
+    from energon_nemotron.megatron_packed.offline_pack import pack_file
+
+    summary = pack_file(a.input, a.output, _encoder(a), algorithm=a.algorithm,
+                        seed=None if a.no_shuffle else a.seed, progress=not a.no_progress)
+    if a.json:
+        print(json.dumps(summary.as_dict()))
+    else:
+        print(f"wrote {a.output}")
+        print(summary.text())
+    return 0
+
+
+def cmd_inspect_megatron(a: argparse.Namespace) -> int:
+    from energon_nemotron.megatron_packed import MegatronSFTPackedDataset
+    from energon_nemotron.megatron_packed.inspect import row_json, row_text
+
+    enc = _encoder(a)
+    ds = MegatronSFTPackedDataset(a.file, enc)
+    color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
+    rows = ds if a.rows is None else itertools.islice(ds, a.rows)
+    for i, row in enumerate(rows):
+        if a.json:
+            print(json.dumps(row_json(i, row)))
+        else:
+            print(row_text(i, row, enc.tokenizer, enc.pad_id, color))
+            print()
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from energon_nemotron.demo import run_demo
+
+    return run_demo(a.out, progress=not a.no_progress)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from energon_nemotron.registry import PACKERS
+
+    p = argparse.ArgumentParser(prog="energon-nemotron", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("pack-megatron", help="pack raw conversations into Megatron-LM offline-packed rows")
+    s.add_argument("--input", required=True, help="raw JSONL, one {\"messages\": [...]} per line")
+    s.add_argument("--output", required=True, help="the .jsonl.packed file to write")
+    s.add_argument("--algorithm", default="best_fit_decreasing", choices=PACKERS.names())
+    s.add_argument("--seed", type=int, default=0, help="seed of the row order shuffle")
+    s.add_argument("--no-shuffle", action="store_true", help="write rows in packer order")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.add_argument("--no-progress", action="store_true")
+    _encoder_args(s)
+    s.set_defaults(func=cmd_pack_megatron)
+
+    s = sub.add_parser("inspect-megatron", help="show the segments and trained tokens of packed rows")
+    s.add_argument("file", help="a .jsonl.packed file")
+    s.add_argument("--rows", type=int, default=None, help="show only the first K rows")
+    s.add_argument("--json", action="store_true", help="one JSON object per row, tensors as lists")
+    s.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    _encoder_args(s)
+    s.set_defaults(func=cmd_inspect_megatron)
+
+    s = sub.add_parser("demo", help="run the library end to end on the embedded demo data")
+    s.add_argument("--out", default="demo_out", help="folder for the demo's files")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (DataError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""The Megatron-LM prepacked path (``megatron_sft_packed``): offline-packed JSONL rows → PackedBatch."""
+
+from energon_nemotron.megatron_packed.collate import collate_rows
+from energon_nemotron.megatron_packed.dataset import MegatronSFTPackedDataset
+from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
+
+__all__ = ["MegatronSFTPackedEncoder", "MegatronSFTPackedDataset", "collate_rows"]

@@ -1,0 +1,166 @@
+"""Streaming a ``.jsonl.packed`` file of Megatron-LM offline-packed rows, sharded over DP ranks.
+
+The file is read line by line (constant memory in the file size); only this rank's rows are parsed
+and encoded. A row is a non-blank line; rows are numbered from 0, lines from 1. DP rank ``r`` of
+``d`` gets rows ``r, r+d, r+2d, ...``; inside a ``DataLoader`` with workers, worker ``w`` of ``W``
+takes every W-th of those, so the loader's round-robin keeps the order.
+
+Validation mode pads every rank to ``ceil(N/d)`` rows: a rank short of a row repeats row
+``(r + k*d) mod N`` with an all-zero loss mask and ``is_padding=True``, so all ranks yield the same
+number of batches and each real row is counted exactly once across ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+
+from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
+
+
+class TruncationWarning(UserWarning):
+    """Rows longer than ``seq_length`` after re-tokenization were truncated (as Megatron-LM does)."""
+
+
+class PadInContentWarning(UserWarning):
+    """The pad id occurs inside real tokens, so those labels are masked out of the loss."""
+
+
+def _line_list(lines: list[int], limit: int = 20) -> str:
+    shown = ", ".join(str(x) for x in lines[:limit])
+    return shown + (f", ... ({len(lines) - limit} more)" if len(lines) > limit else "")
+
+
+def parse_json_line(raw: bytes, where: str) -> Any:
+    """One JSONL line → object; invalid UTF-8 or JSON is a ``DataError`` naming ``where``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(where, f"invalid UTF-8 at byte {e.start}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(where, f"invalid JSON: {e.msg} (column {e.colno})") from None
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(row index, line number, raw line) of every non-blank line, streamed."""
+    row = 0
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            if raw.strip():
+                yield row, line_no, raw
+                row += 1
+
+
+class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
+    """Encoded rows of one ``.jsonl.packed`` file for one data-parallel rank.
+
+    Args:
+        path: the offline-packed JSONL file.
+        encoder: a :class:`MegatronSFTPackedEncoder`.
+        dp_rank, dp_size: this rank and the data-parallel world size.
+        validation: pad ranks to equal length (see the module docstring).
+
+    Yields ``encoder.encode`` dicts with ``is_padding`` added; batch them with ``collate_rows``.
+    After each pass, truncated rows and rows containing the pad id are reported as warnings with
+    their line numbers (``TruncationWarning``, ``PadInContentWarning``); ``last_report`` holds them.
+    """
+
+    def __init__(self, path: str | Path, encoder: MegatronSFTPackedEncoder, dp_rank: int = 0,
+                 dp_size: int = 1, validation: bool = False) -> None:
+        super().__init__()
+        if dp_size < 1 or not 0 <= dp_rank < dp_size:
+            raise ConfigError(f"invalid dp_rank={dp_rank} / dp_size={dp_size}")
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(f"{str(self.path)!r} is not a file")
+        self.encoder = encoder
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.validation = validation
+        self._num_rows: Optional[int] = None
+        self.last_report: dict[str, Any] = {}
+
+    def num_rows(self) -> int:
+        """Rows (non-blank lines) in the file; one streamed pass, cached."""
+        if self._num_rows is None:
+            self._num_rows = sum(1 for _ in iter_jsonl(self.path))
+        return self._num_rows
+
+    def __len__(self) -> int:
+        n = self.num_rows()
+        if self.validation:
+            return math.ceil(n / self.dp_size)
+        return len(range(self.dp_rank, n, self.dp_size))
+
+    def _mine(self) -> tuple[int, int]:
+        """(first, step) of this rank's and worker's rows among all rows."""
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.dp_rank + wid * self.dp_size, self.dp_size * nw
+
+    def _encode(self, raw: bytes, line_no: int) -> dict[str, Any]:
+        where = f"{self.path}:{line_no}"
+        try:
+            return self.encoder.encode(parse_json_line(raw, where), where)
+        except DataError as e:
+            raise e.located(where) from None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        first, step = self._mine()
+        truncated: list[int] = []
+        with_pad: list[int] = []
+        rows = 0
+        for row, line_no, raw in iter_jsonl(self.path):
+            if row < first or (row - first) % step:
+                continue
+            out = self._encode(raw, line_no)
+            rows += 1
+            if out["truncated"]:
+                truncated.append(line_no)
+            if out["pad_in_content"]:
+                with_pad.append(line_no)
+            out["is_padding"] = False
+            yield out
+        if self.validation:
+            yield from self._padding_rows(first, step)
+        self._report(rows, truncated, with_pad)
+
+    def _padding_rows(self, first: int, step: int) -> Iterator[dict[str, Any]]:
+        """This worker's share of the rank's padding rows (real row index >= N)."""
+        n = self.num_rows()
+        per_rank = math.ceil(n / self.dp_size)
+        wanted = {}
+        for k in range(per_rank):
+            idx = self.dp_rank + k * self.dp_size
+            if idx >= n and idx >= first and (idx - first) % step == 0:
+                wanted[idx % n] = wanted.get(idx % n, 0) + 1
+        if not wanted:
+            return
+        for row, line_no, raw in iter_jsonl(self.path):
+            for _ in range(wanted.get(row, 0)):
+                out = self._encode(raw, line_no)
+                out["loss_mask"] = torch.zeros_like(out["loss_mask"])
+                out["is_padding"] = True
+                yield out
+
+    def _report(self, rows: int, truncated: list[int], with_pad: list[int]) -> None:
+        self.last_report = {"rows": rows, "truncated_lines": truncated, "pad_in_content_lines": with_pad}
+        if truncated:
+            warnings.warn(TruncationWarning(
+                f"{self.path}: {len(truncated)} of {rows} rows were longer than seq_length="
+                f"{self.encoder.seq_length} after re-tokenization and were truncated as Megatron-LM "
+                f"does (lines {_line_list(truncated)}); the tokenizer, prompt format, seq_length and "
+                "context-parallel size must match those the rows were packed with"), stacklevel=2)
+        if with_pad:
+            warnings.warn(PadInContentWarning(
+                f"{self.path}: {len(with_pad)} rows contain the pad id {self.encoder.pad_id} inside "
+                f"their content; those labels are masked out of the loss (lines {_line_list(with_pad)})"),
+                stacklevel=2)

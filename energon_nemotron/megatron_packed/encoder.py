@@ -1,0 +1,148 @@
+"""One Megatron-LM offline-packed row → training tensors, exactly as Megatron-LM's ``SFTDataset``.
+
+Algorithm (Megatron-LM main d98e8a64dd, ``SFTDataset.__getitem__``), with L = ``seq_length``:
+
+1. split the row at every ``system`` message; tokenize each conversation (``SFTConversationTokenizer``);
+2. append its tokens and targets to the pack, positions restarting at 0; under CP>1 pad the pack to
+   a multiple of 2·CP with the pad id (tokens and targets; positions continue); record the boundary;
+3. once the pack reaches L+1 tokens: keep the first L, append one pad, set the last boundary to L
+   and drop the remaining conversations (a truncation, reported);
+4. otherwise pad to L+1 (positions continue) and set the last boundary to L;
+5. one shift over the whole pack: ``tokens = pack[:-1]``, ``labels = targets[1:]``,
+   ``position_ids = positions[:-1]``; ``loss_mask = 0`` where the label is the pad id or -100.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.megatron_packed.conversation import row_messages, split_conversations
+from energon_nemotron.megatron_packed.sft_tokenizer import SFTConversationTokenizer
+from energon_nemotron.types import IGNORE_INDEX
+
+
+def cp_granularity(context_parallel_size: int) -> int:
+    """Multiple every conversation is padded to: 2·CP when CP > 1, else 1."""
+    return 2 * context_parallel_size if context_parallel_size > 1 else 1
+
+
+class MegatronSFTPackedEncoder:
+    """Encodes Megatron-LM offline-packed JSONL rows (``{"messages": [...]}``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer object or a local tokenizer directory.
+        seq_length: L, the length of every output row.
+        prompt_format: ``identity`` (default) | ``nemotron-h-aligned`` | ``nemotron-nano-v2`` | ``default``.
+        context_parallel_size: CP; each conversation is padded to a multiple of 2·CP when > 1.
+        pad_token: overrides the format's pad token (``<unk>``, ``<SPECIAL_233>``, pad-or-EOS).
+        chat_key: the row key holding the message list.
+        identity_masks_prompt: False gives Megatron-LM v0.18–v0.19 ``identity`` (every token trained).
+        allow_eos_pad: accept a pad id equal to EOS (masks every EOS label, as Megatron-LM ``default``
+            does for tokenizers without a pad token).
+    """
+
+    def __init__(self, tokenizer: Any, seq_length: int, prompt_format: str = "identity",
+                 context_parallel_size: int = 1, pad_token: Optional[str] = None,
+                 chat_key: str = "messages", identity_masks_prompt: bool = True,
+                 allow_eos_pad: bool = False) -> None:
+        if not isinstance(seq_length, int) or seq_length < 1:
+            raise ConfigError(f"seq_length must be a positive integer, got {seq_length!r}")
+        if not isinstance(context_parallel_size, int) or context_parallel_size < 1:
+            raise ConfigError(f"context_parallel_size must be >= 1, got {context_parallel_size!r}")
+        g = cp_granularity(context_parallel_size)
+        if seq_length % g:
+            raise ConfigError(f"seq_length {seq_length} is not a multiple of 2*context_parallel_size = {g}")
+        self.seq_length = seq_length
+        self.context_parallel_size = context_parallel_size
+        self.chat_key = chat_key
+        self.sft = SFTConversationTokenizer(tokenizer, prompt_format, identity_masks_prompt,
+                                            pad_token, allow_eos_pad)
+        self.tokenizer = self.sft.tokenizer
+        self.prompt_format = prompt_format
+        self.pad_id = self.sft.pad_id
+
+    def options(self) -> dict[str, Any]:
+        """Everything that changes the output stream (for fingerprints and reports)."""
+        return {"seq_length": self.seq_length, "prompt_format": self.prompt_format,
+                "masked": self.sft.format.masked, "context_parallel_size": self.context_parallel_size,
+                "pad_id": self.pad_id, "chat_key": self.chat_key}
+
+    def conversations(self, row: Any, where: Optional[str] = None) -> list[list[dict]]:
+        """The validated conversations of a row."""
+        return split_conversations(row_messages(row, self.chat_key, where))
+
+    def conversation_cost(self, conversation: list[dict], where: Optional[str] = None) -> int:
+        """Pack positions a conversation takes: its tokens rounded up to a multiple of 2·CP."""
+        g = cp_granularity(self.context_parallel_size)
+        n = self.sft.count_tokens(conversation, where)
+        return -(-n // g) * g
+
+    def encode(self, row: Any, where: Optional[str] = None) -> dict[str, Any]:
+        """Tensors for one row (``where``, e.g. ``"train.jsonl.packed:12"``, names it in errors).
+
+        Returns:
+            ``tokens`` int64 [L], ``labels`` int64 [L] (-100 and the pad id kept as Megatron-LM emits
+            them), ``loss_mask`` float32 [L], ``position_ids`` int64 [L], ``cu_seqlens`` int32 [n+1]
+            (stripped: what reaches ``PackedSeqParams``), ``max_seqlen`` int; and metadata:
+            ``sample_keys`` (one per kept conversation), ``num_conversations``, ``truncated`` (bool),
+            ``dropped_conversations`` (int), ``pad_in_content`` (pad ids inside real tokens).
+        """
+        convs = self.conversations(row, where)
+        tokenized = self.sft.tokenize(convs, [f"{where or 'row'}#{ci}" for ci in range(len(convs))])
+        L = self.seq_length
+        cap = L + 1
+        g = cp_granularity(self.context_parallel_size)
+        pad = self.pad_id
+        pack_tokens = np.full(cap, pad, dtype=np.int64)
+        pack_targets = np.full(cap, pad, dtype=np.int64)
+        positions = np.zeros(cap, dtype=np.int64)
+        cu = [0]
+        n = kept = pad_in_content = 0
+        truncated = False
+        for ci, tc in enumerate(tokenized):
+            if n >= L:                  # exactly full: Megatron-LM appends the next conversation and
+                truncated = True        # truncates it away entirely, leaving [..., L, L] -> [..., L]
+                break
+            tokens, targets = tc.get()
+            m = int(tokens.shape[0])
+            if m == 0:
+                raise DataError(f"{where or 'row'}#{ci}", "the conversation renders to no tokens")
+            end = n + m + (-m % g)      # with its CP pad: the pack stays a multiple of 2*CP
+            take = min(end, cap) - n
+            real = min(m, take)
+            pack_tokens[n:n + real] = tokens[:real]
+            pack_targets[n:n + real] = targets[:real]
+            positions[n:n + take] = np.arange(take)
+            pad_in_content += int(np.count_nonzero(tokens[:real] == pad))
+            kept += 1
+            n = end
+            cu.append(min(n, L))
+            if n >= cap:                # cut at L, one pad appended, later conversations dropped
+                pack_tokens[L] = pad
+                pack_targets[L] = pad
+                truncated = True
+                break
+        if not truncated:               # pad to L+1, positions continuing the last conversation
+            last = int(positions[n - 1])
+            positions[n:] = np.arange(last + 1, last + 1 + cap - n)
+            cu[-1] = L
+        labels = pack_targets[1:]
+        loss_mask = ((labels != pad) & (labels != IGNORE_INDEX)).astype(np.float32)
+        keys_base = where or "row"
+        return {
+            "tokens": torch.from_numpy(pack_tokens[:L].copy()),
+            "labels": torch.from_numpy(labels.copy()),
+            "loss_mask": torch.from_numpy(loss_mask),
+            "position_ids": torch.from_numpy(positions[:L].copy()),
+            "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+            "max_seqlen": int(max(b - a for a, b in zip(cu, cu[1:]))),
+            "sample_keys": [f"{keys_base}#{i}" for i in range(kept)],
+            "num_conversations": len(convs),
+            "truncated": truncated,
+            "dropped_conversations": len(convs) - kept,
+            "pad_in_content": pad_in_content,
+        }

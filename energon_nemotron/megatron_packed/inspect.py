@@ -1,0 +1,65 @@
+"""Human and JSON views of encoded Megatron-LM rows (``energon-nemotron inspect-megatron``)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+GREEN = "\x1b[30;42m"
+DIM = "\x1b[2m"
+RESET = "\x1b[0m"
+
+
+def row_json(index: int, row: dict[str, Any]) -> dict[str, Any]:
+    """One encoded row as plain JSON values (tensors as lists)."""
+    out = {"row": index}
+    for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+        out[key] = row[key].tolist()
+    for key in ("max_seqlen", "sample_keys", "truncated", "dropped_conversations", "is_padding"):
+        if key in row:
+            out[key] = row[key]
+    out["num_valid_tokens"] = int(row["loss_mask"].sum().item())
+    return out
+
+
+def _runs(flags: list[bool]) -> Iterable[tuple[int, int, bool]]:
+    """(start, end, flag) of each run of equal flags."""
+    start = 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[start]:
+            yield start, i, flags[start]
+            start = i
+
+
+def row_text(index: int, row: dict[str, Any], tokenizer: Any, pad_id: int, color: bool) -> str:
+    """Segments of a row with decoded text; tokens that are trained targets are highlighted.
+
+    Input token ``t`` is trained when ``loss_mask[t-1] == 1`` (it is the label of position t-1).
+    Without colour, trained text is wrapped in ``⟦ ⟧``; runs of pad ids show as ``«pad×n»``.
+    """
+    tokens = row["tokens"].tolist()
+    mask = row["loss_mask"].tolist()
+    trained = [False] + [m > 0 for m in mask[:-1]]
+    cu = row["cu_seqlens"].tolist()
+    n_valid = int(sum(mask))
+    head = (f"row {index}  keys {row.get('sample_keys')}  segments {len(cu) - 1}  "
+            f"trained labels {n_valid}  max_seqlen {row['max_seqlen']}"
+            + ("  TRUNCATED" if row.get("truncated") else "")
+            + ("  PADDING ROW" if row.get("is_padding") else ""))
+    lines = [head]
+    for s, (a, b) in enumerate(zip(cu, cu[1:])):
+        lines.append(f"  segment {s}  [{a}, {b})  {b - a} positions")
+        parts = []
+        seg_tokens, seg_trained = tokens[a:b], trained[a:b]
+        is_pad = [t == pad_id for t in seg_tokens]
+        for i, j, pad in _runs(is_pad):
+            if pad:
+                parts.append((DIM + f"«pad×{j - i}»" + RESET) if color else f"«pad×{j - i}»")
+                continue
+            for k, m, on in _runs(seg_trained[i:j]):
+                text = tokenizer.decode(seg_tokens[i + k:i + m])
+                if on:
+                    text = (GREEN + text + RESET) if color else f"⟦{text}⟧"
+                parts.append(text)
+        body = "".join(parts)
+        lines.extend("    " + line for line in body.split("\n"))
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""Named registries: components are chosen by name (from YAML or the CLI), never imported by path.
+
+A registry maps a name to a component (a function, a class or a spec object). Lookups of an
+unknown name fail with the list of known names, so a typo in a config is a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name → component map for one kind of component (e.g. "packer")."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str, item: T | None = None):
+        """Register ``item`` under ``name``; without ``item``, return a decorator."""
+
+        def add(obj: T) -> T:
+            if name in self._items:
+                raise KeyError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        if item is None:
+            return add
+        return add(item)
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            known = ", ".join(sorted(self._items)) or "(none)"
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {known}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+#: Packing algorithms: ``fn(lengths, capacity) -> list[list[int]]`` (see ``packing.algorithms``).
+PACKERS: Registry[Callable] = Registry("packer")
+#: Megatron-LM ``SFTTokenizer`` prompt formats (see ``megatron_packed.prompt_formats``).
+MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format")
