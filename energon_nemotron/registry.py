@@ -6,17 +6,27 @@ unknown name fail with the list of known names, so a typo in a config is a clear
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import importlib
+from typing import Callable, Generic, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A name → component map for one kind of component (e.g. "packer")."""
+    """A name → component map for one kind of component (e.g. "packer").
 
-    def __init__(self, kind: str) -> None:
+    ``builtins`` are the modules that register the library's own components; they are imported
+    on first lookup, so a registry is complete however it is reached.
+    """
+
+    def __init__(self, kind: str, builtins: Sequence[str] = ()) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._builtins = list(builtins)
+
+    def _load(self) -> None:
+        while self._builtins:
+            importlib.import_module(self._builtins.pop(0))
 
     def register(self, name: str, item: T | None = None):
         """Register ``item`` under ``name``; without ``item``, return a decorator."""
@@ -32,6 +42,7 @@ class Registry(Generic[T]):
         return add(item)
 
     def get(self, name: str) -> T:
+        self._load()
         try:
             return self._items[name]
         except KeyError:
@@ -39,9 +50,11 @@ class Registry(Generic[T]):
             raise KeyError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
     def names(self) -> list[str]:
+        self._load()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        self._load()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
@@ -49,6 +62,7 @@ class Registry(Generic[T]):
 
 
 #: Packing algorithms: ``fn(lengths, capacity) -> list[list[int]]`` (see ``packing.algorithms``).
-PACKERS: Registry[Callable] = Registry("packer")
+PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms"])
 #: Megatron-LM ``SFTTokenizer`` prompt formats (see ``megatron_packed.prompt_formats``).
-MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format")
+MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format",
+                                              ["energon_nemotron.megatron_packed.prompt_formats"])

@@ -1,0 +1,45 @@
+"""Shared test helpers: fixture locations and small builders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+MEGATRON_FIXTURES = TESTS / "fixtures" / "megatron_lm_sft"
+FIXTURE_TOKENIZER = MEGATRON_FIXTURES / "tokenizer"
+DEMO_TOKENIZER = REPO / "energon_nemotron" / "demo" / "tokenizer"
+FORMATS = ["identity", "default", "nemotron-h-aligned", "nemotron-nano-v2"]
+CP_SIZES = [1, 2, 4]
+
+
+def load_reference(fmt: str, cp: int) -> dict:
+    return json.loads((MEGATRON_FIXTURES / f"ref_{fmt}_L96_cp{cp}.json").read_text())
+
+
+def fixture_rows() -> list[dict]:
+    return [json.loads(line) for line in (MEGATRON_FIXTURES / "train.jsonl.packed").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def fixture_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(FIXTURE_TOKENIZER))
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(DEMO_TOKENIZER))
+
+
+def write_jsonl(path: Path, objects) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for obj in objects:
+            f.write(json.dumps(obj) + "\n")
+    return path
