@@ -14,15 +14,23 @@ Algorithm (Megatron-LM main d98e8a64dd, ``SFTDataset.__getitem__``), with L = ``
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.megatron_packed.conversation import row_messages, split_conversations
-from energon_nemotron.megatron_packed.sft_tokenizer import SFTConversationTokenizer
+from energon_nemotron.megatron_packed.sft_tokenizer import SFTConversationTokenizer, TokenizedConversation
 from energon_nemotron.types import IGNORE_INDEX
+
+
+def _usable(tc: TokenizedConversation, where: Optional[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, targets) of a tokenized conversation; its deferred error, or an empty one, raises."""
+    tokens, targets = tc.get()
+    if tokens.shape[0] == 0:
+        raise DataError(where, "the conversation renders to no tokens")
+    return tokens, targets
 
 
 def cp_granularity(context_parallel_size: int) -> int:
@@ -65,21 +73,23 @@ class MegatronSFTPackedEncoder:
         self.prompt_format = prompt_format
         self.pad_id = self.sft.pad_id
 
-    def options(self) -> dict[str, Any]:
-        """Everything that changes the output stream (for fingerprints and reports)."""
-        return {"seq_length": self.seq_length, "prompt_format": self.prompt_format,
-                "masked": self.sft.format.masked, "context_parallel_size": self.context_parallel_size,
-                "pad_id": self.pad_id, "chat_key": self.chat_key}
-
     def conversations(self, row: Any, where: Optional[str] = None) -> list[list[dict]]:
         """The validated conversations of a row."""
         return split_conversations(row_messages(row, self.chat_key, where))
 
-    def conversation_cost(self, conversation: list[dict], where: Optional[str] = None) -> int:
-        """Pack positions a conversation takes: its tokens rounded up to a multiple of 2·CP."""
+    def conversation_costs(self, conversations: list[list[dict]], wheres: Sequence[Optional[str]]) -> list[int]:
+        """Pack positions each conversation takes: its tokens rounded up to a multiple of 2·CP
+        (``DataError`` naming ``wheres[i]`` for a conversation that cannot be encoded)."""
         g = cp_granularity(self.context_parallel_size)
-        n = self.sft.count_tokens(conversation, where)
-        return -(-n // g) * g
+        costs = []
+        for tc, where in zip(self.sft.tokenize(conversations, wheres), wheres):
+            n = int(_usable(tc, where)[0].shape[0])
+            costs.append(n + (-n % g))
+        return costs
+
+    def conversation_cost(self, conversation: list[dict], where: Optional[str] = None) -> int:
+        """:meth:`conversation_costs` of one conversation."""
+        return self.conversation_costs([conversation], [where])[0]
 
     def encode(self, row: Any, where: Optional[str] = None) -> dict[str, Any]:
         """Tensors for one row (``where``, e.g. ``"train.jsonl.packed:12"``, names it in errors).
@@ -92,7 +102,8 @@ class MegatronSFTPackedEncoder:
             ``dropped_conversations`` (int), ``pad_in_content`` (pad ids inside real tokens).
         """
         convs = self.conversations(row, where)
-        tokenized = self.sft.tokenize(convs, [f"{where or 'row'}#{ci}" for ci in range(len(convs))])
+        wheres = [f"{where or 'row'}#{ci}" for ci in range(len(convs))]
+        tokenized = self.sft.tokenize(convs, wheres)
         L = self.seq_length
         cap = L + 1
         g = cp_granularity(self.context_parallel_size)
@@ -107,10 +118,8 @@ class MegatronSFTPackedEncoder:
             if n >= L:                  # exactly full: Megatron-LM appends the next conversation and
                 truncated = True        # truncates it away entirely, leaving [..., L, L] -> [..., L]
                 break
-            tokens, targets = tc.get()
+            tokens, targets = _usable(tc, wheres[ci])
             m = int(tokens.shape[0])
-            if m == 0:
-                raise DataError(f"{where or 'row'}#{ci}", "the conversation renders to no tokens")
             end = n + m + (-m % g)      # with its CP pad: the pack stays a multiple of 2*CP
             take = min(end, cap) - n
             real = min(m, take)

@@ -21,9 +21,8 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from energon_nemotron.errors import DataError
 from energon_nemotron.megatron_packed.dataset import iter_jsonl, parse_json_line
-from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder, cp_granularity
+from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 from energon_nemotron.packing.algorithms import fill_ratio
 from energon_nemotron.registry import PACKERS
 
@@ -75,18 +74,12 @@ def count_costs(path: Path, encoder: MegatronSFTPackedEncoder, progress: bool = 
     Returns (costs int64 [C], offsets int64 [C], index_in_line int32 [C], where list[str],
     input lines, added system messages).
     """
-    g = cp_granularity(encoder.context_parallel_size)
     costs, offsets, index_in_line, wheres = [], [], [], []
     pending: list[tuple[list[dict], str]] = []
     added = lines = 0
 
     def flush() -> None:
-        tokenized = encoder.sft.tokenize([c for c, _ in pending], [w for _, w in pending])
-        for (_, where), tc in zip(pending, tokenized):
-            n = int(tc.get()[0].shape[0])
-            if n == 0:
-                raise DataError(where, "the conversation renders to no tokens")
-            costs.append(n + (-n % g))
+        costs.extend(encoder.conversation_costs([c for c, _ in pending], [w for _, w in pending]))
         pending.clear()
 
     bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="counting", disable=not progress)

@@ -46,16 +46,3 @@ class TextEncoder:
         if self.backend is not None:
             return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
         return [list(x) for x in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """ids and (start, end) character offsets of each token."""
-        if self.backend is not None:
-            enc = self.backend.encode(text, add_special_tokens=False)
-            return enc.ids, enc.offsets
-        out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(out["input_ids"]), [tuple(o) for o in out["offset_mapping"]]
-
-    def token_id(self, token: str) -> int | None:
-        """The id of ``token`` if it is a single entry of the vocabulary (added tokens included)."""
-        vocab = self.tokenizer.get_vocab()
-        return vocab.get(token)
