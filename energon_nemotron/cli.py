@@ -51,7 +51,7 @@ def cmd_pack_megatron(a: argparse.Namespace) -> int:
 
 def cmd_inspect_megatron(a: argparse.Namespace) -> int:
     from energon_nemotron.megatron_packed import MegatronSFTPackedDataset
-    from energon_nemotron.megatron_packed.inspect import row_json, row_text
+    from energon_nemotron.inspect_rows import row_json, row_text
 
     enc = _encoder(a)
     ds = MegatronSFTPackedDataset(a.file, enc)
@@ -61,9 +61,15 @@ def cmd_inspect_megatron(a: argparse.Namespace) -> int:
         if a.json:
             print(json.dumps(row_json(i, row)))
         else:
-            print(row_text(i, row, enc.tokenizer, enc.pad_id, color))
+            print(row_text(i, row, enc.tokenizer, color, pad_id=enc.pad_id))
             print()
     return 0
+
+
+def cmd_preview(a: argparse.Namespace) -> int:
+    from energon_nemotron.preview import run_preview
+
+    return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -96,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     _encoder_args(s)
     s.set_defaults(func=cmd_inspect_megatron)
+
+    s = sub.add_parser("preview", help="show the packed batches a loader config produces")
+    s.add_argument("config", help="a loader YAML")
+    s.add_argument("--batches", type=int, default=None, help="stop after N batches (default: one epoch)")
+    s.add_argument("--json", action="store_true", help="one JSON object per batch, then a summary line")
+    s.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    s.set_defaults(func=cmd_preview)
 
     s = sub.add_parser("demo", help="run the library end to end on the embedded demo data")
     s.add_argument("--out", default="demo_out", help="folder for the demo's files")

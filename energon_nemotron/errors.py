@@ -7,10 +7,13 @@ class DataError(ValueError):
     """A sample or row that cannot become training data.
 
     ``where`` names the sample (an Energon ``__key__`` or ``file:line``); ``reason`` says what is
-    wrong. ``str(err)`` is ``"{where}: {reason}"``.
+    wrong. ``str(err)`` is ``"{where}: {reason}"``. A single argument is taken as the whole message
+    (how PyTorch re-raises an error from a ``DataLoader`` worker).
     """
 
-    def __init__(self, where: str | None, reason: str) -> None:
+    def __init__(self, where: str | None, reason: str | None = None) -> None:
+        if reason is None:
+            where, reason = None, where or ""
         self.where = where
         self.reason = reason
         super().__init__(f"{where}: {reason}" if where else reason)

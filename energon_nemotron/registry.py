@@ -63,6 +63,12 @@ class Registry(Generic[T]):
 
 #: Packing algorithms: ``fn(lengths, capacity) -> list[list[int]]`` (see ``packing.algorithms``).
 PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms"])
+#: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
+PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats"])
+#: Cookers: ``name -> cook function`` (``@stateless``; ``cookers/``).
+COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.text"])
+#: Task encoders: ``name -> class`` with an ``Options`` pydantic model (``encoders/``).
+TASK_ENCODERS: Registry = Registry("task encoder", ["energon_nemotron.encoders.nemotron_multimodal"])
 #: Megatron-LM ``SFTTokenizer`` prompt formats (see ``megatron_packed.prompt_formats``).
 MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format",
                                               ["energon_nemotron.megatron_packed.prompt_formats"])

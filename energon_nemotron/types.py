@@ -1,13 +1,106 @@
-"""Data types shared by both input paths. ``PackedBatch`` is the one output type of the library."""
+"""Data types shared by both input paths. ``PackedBatch`` is the one output type of the library.
+
+Energon path: a cooker turns a crude sample into a ``Conversation`` (messages + lazy ``MediaRef``s,
+nothing decoded); the task encoder turns it into an ``EncodedSample`` (tokens, trained-token flags,
+packing cost, media plans), packs those and emits ``PackedBatch``es.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional, Union
 
+import numpy as np
 import torch
+from megatron.energon import Sample, edataclass
 
 IGNORE_INDEX = -100
+ROLES = ("system", "user", "assistant", "tool")
+MODALITIES = ("image", "video", "audio")
+
+
+@dataclass(frozen=True)
+class MediaPart:
+    """A reference, inside a message, to the ``index``-th media item of its conversation."""
+
+    modality: str
+    index: int
+
+
+@dataclass
+class Message:
+    """One turn. ``content`` is a list of text strings and ``MediaPart``s, in order.
+
+    ``reasoning`` is an assistant's reasoning trace (rendered by prompt formats that know one);
+    ``train`` overrides role-based loss masking for this message (None: assistant turns trained).
+    """
+
+    role: str
+    content: list[Union[str, MediaPart]]
+    reasoning: Optional[str] = None
+    train: Optional[bool] = None
+
+    @property
+    def text(self) -> str:
+        """The text parts joined (media parts left out)."""
+        return "".join(p for p in self.content if isinstance(p, str))
+
+    @property
+    def media_parts(self) -> list[MediaPart]:
+        return [p for p in self.content if isinstance(p, MediaPart)]
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """A media item, not decoded: ``payload`` is lazy (bytes, a file path, or an object with
+    ``.get()``); ``metadata`` holds what is known without decoding (width/height, duration, fps,
+    sample rate, ...); ``name`` (member name or path) is for messages."""
+
+    modality: str
+    payload: Any
+    metadata: dict = field(default_factory=dict)
+    name: str = ""
+
+
+@edataclass
+class Conversation(Sample):
+    """A cooked sample: messages and the media they reference (each exactly once, in order).
+
+    ``segments`` lists the index of the first message of each conversation when one crude row holds
+    several (offline-packed rows); they stay separate sources inside a pack. ``preformatted``:
+    message texts are already rendered with the chat template (``subflavors.skip_chat_template``).
+    """
+
+    messages: list[Message]
+    media: list[MediaRef] = field(default_factory=list)
+    segments: list[int] = field(default_factory=lambda: [0])
+    preformatted: bool = False
+
+    def segment_messages(self) -> list[list[Message]]:
+        """The messages of each segment."""
+        bounds = list(self.segments) + [len(self.messages)]
+        return [self.messages[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@dataclass
+class EncodedSource:
+    """One source of a pack: ``tokens`` int64 [n]; ``trained`` bool [n], True where token j is a
+    trained target (so the label at position j-1 is ``tokens[j]``); ``key`` names it in
+    ``sample_keys``."""
+
+    key: str
+    tokens: np.ndarray
+    trained: np.ndarray
+
+
+@edataclass
+class EncodedSample(Sample):
+    """A tokenized sample: its sources (one per segment), the pack positions they take
+    (``cost``: each source rounded up to the pad multiple) and one media plan per media item."""
+
+    sources: list[EncodedSource]
+    cost: int
+    media_plans: list = field(default_factory=list)
 
 
 @dataclass
@@ -40,6 +133,10 @@ class PackedBatch:
     sample_keys: list[list[str]]
     is_padding: list[bool] = field(default_factory=list)
     media: dict[str, Any] = field(default_factory=dict)
+    #: per-reason counts of samples skipped since the previous batch of the same worker
+    skipped: dict[str, int] = field(default_factory=dict)
+    #: set by Energon's batching so a batch can be restored from its samples
+    __restore_key__: tuple = ()
 
     def __post_init__(self) -> None:
         if not self.is_padding:
@@ -109,14 +206,28 @@ class PackedBatch:
             return t.to(device, non_blocking=non_blocking)
 
         media = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in self.media.items()}
-        return PackedBatch(
+        moved = PackedBatch(
             tokens=move(self.tokens), labels=move(self.labels), loss_mask=move(self.loss_mask),
             position_ids=move(self.position_ids),
             cu_seqlens=[move(c) for c in self.cu_seqlens],
             cu_seqlens_padded=[move(c) for c in self.cu_seqlens_padded],
             max_seqlen=list(self.max_seqlen), sample_keys=[list(k) for k in self.sample_keys],
-            is_padding=list(self.is_padding), media=media,
+            is_padding=list(self.is_padding), media=media, skipped=dict(self.skipped),
         )
+        moved.__restore_key__ = self.__restore_key__
+        return moved
+
+    def pin_memory(self) -> "PackedBatch":
+        """Page-locked copies of the tensors (what a ``DataLoader`` with ``pin_memory`` calls)."""
+        pinned = PackedBatch(
+            tokens=self.tokens.pin_memory(), labels=self.labels.pin_memory(),
+            loss_mask=self.loss_mask.pin_memory(), position_ids=self.position_ids.pin_memory(),
+            cu_seqlens=list(self.cu_seqlens), cu_seqlens_padded=list(self.cu_seqlens_padded),
+            max_seqlen=list(self.max_seqlen), sample_keys=self.sample_keys, is_padding=self.is_padding,
+            media={k: (v.pin_memory() if hasattr(v, "pin_memory") else v) for k, v in self.media.items()},
+            skipped=self.skipped)
+        pinned.__restore_key__ = self.__restore_key__
+        return pinned
 
     def packed_seq_params(self, i: int = 0, **kwargs: Any):
         """megatron-core ``PackedSeqParams`` (``qkv_format="thd"``) for row ``i``.

@@ -23,7 +23,7 @@ NUM_CONVERSATIONS = 400
 def run_demo(out: str | Path = "demo_out", progress: bool = True) -> int:
     """Write raw data, pack it offline, read it back as ``PackedBatch``es; print a summary."""
     from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, MegatronSFTPackedEncoder, collate_rows
-    from energon_nemotron.megatron_packed.inspect import row_text
+    from energon_nemotron.inspect_rows import row_text
     from energon_nemotron.megatron_packed.offline_pack import pack_file
 
     out = Path(out)
@@ -61,7 +61,7 @@ def run_demo(out: str | Path = "demo_out", progress: bool = True) -> int:
           f"truncated rows {len(dataset.last_report.get('truncated_lines', []))}")
     if first is not None:
         print("\nFirst row (trained tokens highlighted):")
-        text = row_text(0, first.row(0), encoder.tokenizer, encoder.pad_id, color=sys.stdout.isatty())
+        text = row_text(0, first.row(0), encoder.tokenizer, sys.stdout.isatty(), pad_id=encoder.pad_id)
         print(text[:3000] + ("\n..." if len(text) > 3000 else ""))
     ok = conversations == summary.conversations and not dataset.last_report.get("truncated_lines")
     print("\ndemo OK" if ok else "\ndemo FAILED: conversations lost or truncated")

@@ -1,19 +1,39 @@
 """Bin-packing of sequence lengths into fixed-capacity rows. Pure functions on integer lengths.
 
-Both algorithms sort items by decreasing length (stable: equal lengths keep their input order)
-and place them one at a time, exactly as the textbook definitions; an item longer than the
-capacity gets a bin of its own. They run on groups of equal lengths instead of single items: an
-open bin that receives an item of length ``s`` keeps receiving the next items of the same length
-until its room drops below ``s`` (it stays the best and the first fit), so a whole group is placed
-with a few array operations per bin *bucket* instead of one search per item. The result is
-identical, bin for bin, to the item-by-item algorithm (the tests compare with a naive version).
+Every packer is registered in :data:`energon_nemotron.registry.PACKERS` and has the signature
+``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``: ``lengths``
+is an int sequence/array [N] (each >= 1), ``capacity`` the room of every bin (>= 1). The result
+is the bins in opening order, each a list of item indices in placement order: every index appears
+exactly once, no bin is empty, a bin's total never exceeds ``capacity`` unless it holds one
+oversized item (length > capacity) alone, and with ``max_sequences_per_bin=k`` no bin holds more
+than ``k`` items (bins already holding ``k`` items are not considered for placement). ``seed`` is
+used only by randomised packers; the others accept and ignore it. The output depends only on the
+arguments (a fixed seed gives a fixed result).
 
-- ``first_fit_decreasing``: the lowest-numbered bin with room.
-- ``best_fit_decreasing``: the bin with the least room that still fits (ties: lowest-numbered).
+- ``first_fit_decreasing``: decreasing length (stable), each item into the lowest-numbered bin
+  with room.
+- ``best_fit_decreasing``: decreasing length (stable), each item into the bin with the least room
+  that still fits it (ties: lowest-numbered).
+- ``first_fit_shuffle``: first fit in the order of ``random.Random(seed).shuffle`` of the indices.
+- ``balanced_greedy_knapsack``: decreasing length (stable) into ``ceil(Σ min(len, capacity) /
+  capacity)`` bins opened up front, each item into the least-filled bin (ties: lowest-numbered)
+  if it fits there, else into a new bin.
+
+Without ``max_sequences_per_bin`` (or with a limit that cannot bind: ``k >= min(N, capacity)``)
+the two decreasing fits run on groups of equal lengths instead of single items: an open bin that
+receives an item of length ``s`` keeps receiving the next items of the same length until its room
+drops below ``s`` (it stays the best and the first fit), so a whole group is placed with a few
+array operations per bin *bucket* instead of one search per item. With a binding limit they place
+one item at a time (first fit: a max-tree over bin rooms; best fit: a sorted list of rooms), in
+O(N log N). Both paths are identical, bin for bin, to the textbook item-by-item algorithms (the
+tests compare with a naive version).
 """
 
 from __future__ import annotations
 
+import random
+from bisect import bisect_left, insort
+from heapq import heappop, heappush, heapreplace
 from typing import Sequence
 
 import numpy as np
@@ -21,17 +41,28 @@ import numpy as np
 from energon_nemotron.registry import PACKERS
 
 
-def _prepare(lengths: Sequence[int] | np.ndarray, capacity: int):
-    """Validated lengths, their stable decreasing order, and the count of oversized items."""
+def _validate(lengths: Sequence[int] | np.ndarray, capacity: int, k: int | None) -> np.ndarray:
+    """Lengths as int64 [N] after checking ``capacity >= 1``, lengths >= 1 and ``k >= 1``."""
     sizes = np.asarray(lengths, dtype=np.int64).reshape(-1)
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
     if sizes.size and int(sizes.min()) < 1:
         raise ValueError(f"lengths must be >= 1, got {int(sizes.min())} at index {int(sizes.argmin())}")
+    if k is not None and k < 1:
+        raise ValueError(f"max_sequences_per_bin must be >= 1 or None, got {k}")
+    return sizes
+
+
+def _prepare(lengths: Sequence[int] | np.ndarray, capacity: int, k: int | None = None):
+    """Validated lengths, their stable decreasing order, sorted lengths, the count of oversized
+    items, and ``k`` (None when it cannot bind: a bin within capacity holds <= capacity items)."""
+    sizes = _validate(lengths, capacity, k)
     order = np.argsort(-sizes, kind="stable")
     sorted_sizes = sizes[order]
     n_over = int(np.count_nonzero(sorted_sizes > capacity))
-    return sizes, order, sorted_sizes, n_over
+    if k is not None and k >= min(sizes.size, capacity):
+        k = None
+    return sizes, order, sorted_sizes, n_over, k
 
 
 def _groups(sorted_sizes: np.ndarray, start: int):
@@ -71,20 +102,90 @@ def _open_bins(bin_of_sorted, pos, rem, size, capacity, first_id):
     return ids, rooms, n_new
 
 
+def _first_fit_items(sizes: list[int], order: list[int], capacity: int, k: int | None) -> list[list[int]]:
+    """Item-by-item first fit of the items in ``order``: each goes to the lowest-numbered bin with
+    room for it (and fewer than ``k`` items), else to a new bin; oversized items get their own.
+
+    A max-tree over the bins' rooms (leaves: bins by number; a closed bin has room 0) finds that
+    bin by descending from the root, O(log N) per item.
+    """
+    width = 1 << max(0, len(order) - 1).bit_length()      # leaves >= N >= number of bins
+    tree = [0] * (2 * width)
+    bins: list[list[int]] = []
+    for i in order:
+        s = sizes[i]
+        if s <= capacity and tree[1] >= s:
+            node = 1
+            while node < width:                          # leftmost leaf with room >= s
+                node <<= 1
+                if tree[node] < s:
+                    node += 1
+            b = node - width
+            bins[b].append(i)
+            room = tree[node] - s
+        else:
+            b = len(bins)
+            bins.append([i])
+            node = width + b
+            room = max(capacity - s, 0)
+        if k is not None and len(bins[b]) >= k:
+            room = 0
+        tree[node] = room
+        node >>= 1
+        while node:                                      # refresh the maxima above the leaf
+            top = max(tree[2 * node], tree[2 * node + 1])
+            if tree[node] == top:
+                break
+            tree[node] = top
+            node >>= 1
+    return bins
+
+
+def _best_fit_items(sizes: list[int], order: list[int], capacity: int, k: int | None) -> list[list[int]]:
+    """Item-by-item best fit of the items in ``order``: each goes to the bin with the least room
+    that fits it (ties: lowest-numbered; only bins with fewer than ``k`` items), else to a new bin.
+
+    Open bins are kept as a sorted list of keys ``room * N + bin`` (rooms > 0), searched with
+    ``bisect``.
+    """
+    scale = max(len(order), 1)
+    keys: list[int] = []
+    bins: list[list[int]] = []
+    for i in order:
+        s = sizes[i]
+        at = bisect_left(keys, s * scale) if s <= capacity else len(keys)
+        if at < len(keys):
+            room, b = divmod(keys.pop(at), scale)
+            bins[b].append(i)
+            room -= s
+        else:
+            b = len(bins)
+            bins.append([i])
+            room = capacity - s
+        if room > 0 and (k is None or len(bins[b]) < k):
+            insort(keys, room * scale + b)
+    return bins
+
+
 @PACKERS.register("first_fit_decreasing")
-def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int) -> list[list[int]]:
+def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int, *,
+                         max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
     """First-fit-decreasing bins.
 
     Args:
-        lengths: int [N] item lengths (>= 1).
-        capacity: room of every bin.
+        lengths: int [N] item lengths (>= 1); a sequence or a numpy array.
+        capacity: room of every bin (>= 1).
+        max_sequences_per_bin: at most this many items per bin (>= 1); None: no limit.
+        seed: ignored (deterministic packer; accepted for the common packer signature).
 
     Returns:
         Bins in opening order, each a list of item indices in placement order. Every index
-        appears exactly once; a bin's total never exceeds ``capacity`` unless it holds one
-        oversized item alone.
+        appears exactly once; no bin is empty; a bin's total never exceeds ``capacity`` unless
+        it holds one oversized item alone; no bin holds more than ``max_sequences_per_bin`` items.
     """
-    sizes, order, sorted_sizes, n_over = _prepare(lengths, capacity)
+    sizes, order, sorted_sizes, n_over, k = _prepare(lengths, capacity, max_sequences_per_bin)
+    if k is not None:
+        return _first_fit_items(sizes.tolist(), order.tolist(), capacity, k)
     n = sizes.size
     bin_of_sorted = np.empty(n, dtype=np.int64)
     bin_of_sorted[:n_over] = np.arange(n_over)
@@ -135,9 +236,12 @@ class _Buckets:
 
 
 @PACKERS.register("best_fit_decreasing")
-def best_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int) -> list[list[int]]:
+def best_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int, *,
+                        max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
     """Best-fit-decreasing bins (same arguments and guarantees as :func:`first_fit_decreasing`)."""
-    sizes, order, sorted_sizes, n_over = _prepare(lengths, capacity)
+    sizes, order, sorted_sizes, n_over, k = _prepare(lengths, capacity, max_sequences_per_bin)
+    if k is not None:
+        return _best_fit_items(sizes.tolist(), order.tolist(), capacity, k)
     n = sizes.size
     bin_of_sorted = np.empty(n, dtype=np.int64)
     bin_of_sorted[:n_over] = np.arange(n_over)
@@ -170,6 +274,72 @@ def best_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int) -> l
                 buckets.add(r, ids[rooms == r])
             n_bins += n_new
     return _bins_from_assignment(order, bin_of_sorted, n_bins)
+
+
+@PACKERS.register("first_fit_shuffle")
+def first_fit_shuffle(lengths: Sequence[int] | np.ndarray, capacity: int, *,
+                      max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
+    """First fit in a random order: the indices shuffled by ``random.Random(seed)``.
+
+    Args:
+        lengths: int [N] item lengths (>= 1); a sequence or a numpy array.
+        capacity: room of every bin (>= 1).
+        max_sequences_per_bin: at most this many items per bin (>= 1); None: no limit.
+        seed: seed of the shuffle; equal seeds give equal bins.
+
+    Returns:
+        Bins as :func:`first_fit_decreasing` describes them. One item at a time in plain Python
+        (O(N log N)): far slower than the decreasing packers on millions of items.
+    """
+    sizes = _validate(lengths, capacity, max_sequences_per_bin)
+    order = list(range(sizes.size))
+    random.Random(seed).shuffle(order)
+    return _first_fit_items(sizes.tolist(), order, capacity, max_sequences_per_bin)
+
+
+@PACKERS.register("balanced_greedy_knapsack")
+def balanced_greedy_knapsack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
+                             max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
+    """Balanced greedy knapsack: spread the items over the fewest bins that could hold them.
+
+    ``ceil(Σ min(len, capacity) / capacity)`` bins are opened up front. Items go in decreasing
+    length (stable); each oversized item takes one of those bins alone (they come first, so the
+    first ones), every other item goes into the least-filled bin that can still receive items
+    (fewer than ``max_sequences_per_bin`` items; ties: lowest-numbered) if it fits there, else
+    into a new bin (which then takes part like the others). Bins left empty are dropped.
+
+    Args:
+        lengths: int [N] item lengths (>= 1); a sequence or a numpy array.
+        capacity: room of every bin (>= 1).
+        max_sequences_per_bin: at most this many items per bin (>= 1); None: no limit.
+        seed: ignored (deterministic packer; accepted for the common packer signature).
+
+    Returns:
+        Bins as :func:`first_fit_decreasing` describes them (up-front bins first, by number).
+    """
+    k = max_sequences_per_bin
+    sizes, order, _, n_over, _ = _prepare(lengths, capacity, k)
+    n_start = -(-int(np.minimum(sizes, capacity).sum()) // capacity)
+    order_list = order.tolist()
+    bins: list[list[int]] = [[i] for i in order_list[:n_over]] + [[] for _ in range(n_start - n_over)]
+    heap = [(0, b) for b in range(n_over, n_start)]     # (fill, bin) of the bins that may receive
+    sz = sizes.tolist()
+    for i in order_list[n_over:]:
+        s = sz[i]
+        if heap and heap[0][0] + s <= capacity:
+            fill, b = heap[0]
+            bins[b].append(i)
+            fill += s
+            if fill < capacity and (k is None or len(bins[b]) < k):
+                heapreplace(heap, (fill, b))
+            else:
+                heappop(heap)
+        else:
+            b = len(bins)
+            bins.append([i])
+            if s < capacity and (k is None or k > 1):
+                heappush(heap, (s, b))
+    return [b for b in bins if b]
 
 
 def fill_ratio(lengths: Sequence[int] | np.ndarray, bins: list[list[int]], capacity: int) -> float:

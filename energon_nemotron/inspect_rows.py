@@ -1,8 +1,12 @@
-"""Human and JSON views of encoded Megatron-LM rows (``energon-nemotron inspect-megatron``)."""
+"""Human and JSON views of packed rows (``inspect-megatron`` and ``preview``).
+
+A row is a dict with 1-D ``tokens``, ``labels``, ``loss_mask``, ``position_ids``, ``cu_seqlens``
+and optionally ``cu_seqlens_padded``, ``max_seqlen``, ``sample_keys`` and flags.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 GREEN = "\x1b[30;42m"
 DIM = "\x1b[2m"
@@ -10,10 +14,11 @@ RESET = "\x1b[0m"
 
 
 def row_json(index: int, row: dict[str, Any]) -> dict[str, Any]:
-    """One encoded row as plain JSON values (tensors as lists)."""
+    """One row as plain JSON values (tensors as lists)."""
     out = {"row": index}
-    for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens"):
-        out[key] = row[key].tolist()
+    for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded"):
+        if key in row:
+            out[key] = row[key].tolist()
     for key in ("max_seqlen", "sample_keys", "truncated", "dropped_conversations", "is_padding"):
         if key in row:
             out[key] = row[key]
@@ -30,16 +35,19 @@ def _runs(flags: list[bool]) -> Iterable[tuple[int, int, bool]]:
             start = i
 
 
-def row_text(index: int, row: dict[str, Any], tokenizer: Any, pad_id: int, color: bool) -> str:
+def row_text(index: int, row: dict[str, Any], tokenizer: Any, color: bool, pad_id: Optional[int] = None) -> str:
     """Segments of a row with decoded text; tokens that are trained targets are highlighted.
 
     Input token ``t`` is trained when ``loss_mask[t-1] == 1`` (it is the label of position t-1).
-    Without colour, trained text is wrapped in ``⟦ ⟧``; runs of pad ids show as ``«pad×n»``.
+    Without colour, trained text is wrapped in ``⟦ ⟧``. Padding shows as ``«pad×n»``: the positions
+    of a segment beyond its real length (``cu_seqlens`` vs ``cu_seqlens_padded``), or, when
+    ``pad_id`` is given (Megatron-LM rows, whose pads sit inside segments), runs of that id.
     """
     tokens = row["tokens"].tolist()
     mask = row["loss_mask"].tolist()
     trained = [False] + [m > 0 for m in mask[:-1]]
-    cu = row["cu_seqlens"].tolist()
+    real = row["cu_seqlens"].tolist()
+    cu = row["cu_seqlens_padded"].tolist() if "cu_seqlens_padded" in row else real
     n_valid = int(sum(mask))
     head = (f"row {index}  keys {row.get('sample_keys')}  segments {len(cu) - 1}  "
             f"trained labels {n_valid}  max_seqlen {row['max_seqlen']}"
@@ -50,7 +58,11 @@ def row_text(index: int, row: dict[str, Any], tokenizer: Any, pad_id: int, color
         lines.append(f"  segment {s}  [{a}, {b})  {b - a} positions")
         parts = []
         seg_tokens, seg_trained = tokens[a:b], trained[a:b]
-        is_pad = [t == pad_id for t in seg_tokens]
+        if pad_id is not None:
+            is_pad = [t == pad_id for t in seg_tokens]
+        else:
+            n_real = real[s + 1] - real[s]
+            is_pad = [i >= n_real for i in range(b - a)]
         for i, j, pad in _runs(is_pad):
             if pad:
                 parts.append((DIM + f"«pad×{j - i}»" + RESET) if color else f"«pad×{j - i}»")

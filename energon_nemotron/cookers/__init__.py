@@ -1,0 +1,9 @@
+"""Cookers: Energon crude samples → ``Conversation``s, registered by name (``registry.COOKERS``).
+
+A dataset selects its cooker with ``subflavors: {cooker: NAME}`` (in ``.nv-meta/dataset.yaml`` or a
+metadataset); ``build_cookers`` turns the registry into Energon ``Cooker``s.
+"""
+
+from energon_nemotron.cookers.base import build_cookers, sample_where
+
+__all__ = ["build_cookers", "sample_where"]

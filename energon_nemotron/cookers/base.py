@@ -1,0 +1,109 @@
+"""Shared cooker machinery: Energon ``Cooker``s by name, reading the JSON payload, subflavor flags."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Optional
+
+from megatron.energon import Cooker
+
+from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.registry import COOKERS
+from energon_nemotron.types import Message
+
+
+class NamedCooker(Cooker):
+    """A ``Cooker`` selected by ``subflavors.cooker == name``; datasets without subflavors (a
+    standalone JSONL file) do not match instead of failing inside Energon."""
+
+    def is_match(self, subflavors: Optional[dict]) -> bool:
+        return subflavors is not None and super().is_match(subflavors)
+
+
+def build_cookers(default_cooker: Optional[str] = None) -> list[Cooker]:
+    """One ``Cooker`` per registered name, plus ``default_cooker`` (if given) for datasets whose
+    subflavors name no cooker."""
+    cookers: list[Cooker] = [NamedCooker(COOKERS.get(name), has_subflavors={"cooker": name})
+                             for name in COOKERS.names()]
+    if default_cooker is not None:
+        try:
+            cookers.append(Cooker(COOKERS.get(default_cooker)))
+        except KeyError as e:
+            raise ConfigError(f"default_cooker: {e.args[0]}") from None
+    return cookers
+
+
+def sample_where(sample: dict) -> str:
+    """How errors name a crude sample: its ``__key__`` and, when known, its shard."""
+    key = str(sample.get("__key__", "?"))
+    shard = sample.get("__shard__")
+    return f"{key} (in {shard})" if shard else key
+
+
+def payload(sample: dict, where: str) -> dict:
+    """The JSON object of a crude sample: the ``json`` member of a WebDataset sample or the line
+    of a JSONL dataset (decoded by Energon, or raw bytes/str when no decoder runs)."""
+    keys = [k for k in sample if not k.startswith("__") and (k == "json" or k.endswith(".json"))]
+    if not keys:
+        members = sorted(k for k in sample if not k.startswith("__"))
+        raise DataError(where, f"no .json member (members: {members})")
+    value = sample[keys[0]]
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(where, f"{keys[0]} is not valid UTF-8 (byte {e.start})") from None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(where, f"{keys[0]} is not valid JSON: {e.msg}") from None
+    if not isinstance(value, dict):
+        raise DataError(where, f"{keys[0]} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def subflavor_flag(sample: dict, name: str, where: str) -> bool:
+    """A boolean subflavor (absent: False); anything but a real bool is an error."""
+    value = (sample.get("__subflavors__") or {}).get(name, False)
+    if not isinstance(value, bool):
+        raise DataError(where, f"subflavor {name!r} must be true or false, got {value!r}")
+    return value
+
+
+def field_list(obj: dict, name: str, where: str) -> list:
+    if name not in obj:
+        raise DataError(where, f"missing {name!r} (keys: {sorted(obj)})")
+    value = obj[name]
+    if not isinstance(value, list) or not value:
+        raise DataError(where, f"{name!r} must be a non-empty list, got {type(value).__name__}")
+    return value
+
+
+def text_of(value: Any, where: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(where, f"{what} must be a string, got {type(value).__name__}")
+    return value
+
+
+def check_messages(messages: list[Message], where: str) -> list[Message]:
+    """Every conversation needs an assistant turn, and assistant turns must not be empty."""
+    for i, m in enumerate(messages):
+        if m.role == "assistant" and not m.text.strip() and not m.media_parts and not m.reasoning:
+            raise DataError(where, f"message {i} is an empty assistant turn")
+    if not any(m.role == "assistant" for m in messages):
+        raise DataError(where, "the conversation has no assistant turn")
+    return messages
+
+
+def apply_last_turn_only(messages: list[Message]) -> None:
+    """``train_only_on_last_assistant_turn``: only the last assistant turn keeps its loss."""
+    last = max(i for i, m in enumerate(messages) if m.role == "assistant")
+    for i, m in enumerate(messages):
+        if m.role == "assistant":
+            m.train = i == last
+
+
+def register(name: str) -> Callable:
+    """Register a cook function (already ``@stateless``) under ``name``."""
+    return COOKERS.register(name)

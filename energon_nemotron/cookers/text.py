@@ -1,0 +1,154 @@
+"""Text cookers. Each reads the sample's JSON object and returns a ``Conversation``.
+
+| name | schema |
+|---|---|
+| ``nemotron_conversation`` | ``{"conversation": [{"sender": ..., "fragments": [str or {"t": "text", "value": ...}]}]}`` |
+| ``general_conversations`` | LLaVA style ``{"conversations": [{"from": "system"/"human"/"gpt", "value": ...}]}`` |
+| ``openai_messages`` | ``{"messages": [{"role": ..., "content": str or [{"type": "text", "text": ...}]}]}`` |
+| ``openai_messages_offline_packed`` | as ``openai_messages``; a new conversation at each ``system`` message |
+
+Subflavors read by every cooker: ``skip_chat_template`` (texts are already rendered) and
+``train_only_on_last_assistant_turn``. Media fragments and ``<image>``/``<video>``/``<audio>`` tags
+are recognised and rejected with a clear error: this version's encoder handles text only.
+"""
+
+from __future__ import annotations
+
+import re
+
+from megatron.energon import basic_sample_keys, stateless
+
+from energon_nemotron.cookers.base import (
+    apply_last_turn_only,
+    check_messages,
+    field_list,
+    payload,
+    register,
+    sample_where,
+    subflavor_flag,
+    text_of,
+)
+from energon_nemotron.errors import DataError
+from energon_nemotron.types import MODALITIES, Conversation, Message
+
+ROLE_ALIASES = {
+    "system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
+    "model": "assistant", "tool": "tool", "function": "tool", "observation": "tool",
+}
+MEDIA_TAG_RE = re.compile(r"<(image|video|audio)>")
+
+
+def _role(value, where: str, i: int) -> str:
+    role = ROLE_ALIASES.get(value) if isinstance(value, str) else None
+    if role is None:
+        raise DataError(where, f"turn {i} has unknown role {value!r} (known: {', '.join(sorted(ROLE_ALIASES))})")
+    return role
+
+
+def _reject_media_tags(text: str, where: str, i: int) -> str:
+    m = MEDIA_TAG_RE.search(text)
+    if m:
+        raise DataError(where, f"turn {i} contains the media tag {m.group(0)}; this version's encoder "
+                               "handles text only")
+    return text
+
+
+def _conversation(sample: dict, messages: list[Message], segments: list[int], where: str) -> Conversation:
+    bounds = segments + [len(messages)]
+    for a, b in zip(bounds, bounds[1:]):
+        check_messages(messages[a:b], where)
+        if subflavor_flag(sample, "train_only_on_last_assistant_turn", where):
+            apply_last_turn_only(messages[a:b])
+    return Conversation(**basic_sample_keys(sample), messages=messages, segments=segments,
+                        preformatted=subflavor_flag(sample, "skip_chat_template", where))
+
+
+@register("nemotron_conversation")
+@stateless
+def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
+    """``{"conversation": [{"sender", "fragments": [str | {"t", "value", "metadata"}]}]}``."""
+    where = sample_where(sample)
+    turns = field_list(payload(sample, where), "conversation", where)
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(where, f"turn {i} must be an object with 'sender' and 'fragments'")
+        role = _role(turn.get("sender"), where, i)
+        fragments = turn.get("fragments")
+        if isinstance(fragments, str):
+            fragments = [fragments]
+        if not isinstance(fragments, list):
+            raise DataError(where, f"turn {i} 'fragments' must be a list, got {type(fragments).__name__}")
+        parts = []
+        for j, frag in enumerate(fragments):
+            if isinstance(frag, str):
+                parts.append(frag)
+            elif isinstance(frag, dict) and frag.get("t") == "text":
+                parts.append(text_of(frag.get("value"), where, f"turn {i} fragment {j} value"))
+            elif isinstance(frag, dict) and frag.get("t") in MODALITIES:
+                raise DataError(where, f"turn {i} fragment {j} is {frag['t']} media; this version's encoder "
+                                       "handles text only")
+            else:
+                raise DataError(where, f"turn {i} fragment {j} must be a string or {{'t': 'text', 'value': ...}}, "
+                                       f"got {frag!r:.80}")
+        messages.append(Message(role, ["".join(parts)]))
+    return _conversation(sample, messages, [0], where)
+
+
+@register("general_conversations")
+@stateless
+def cook_general_conversations(sample: dict, **aux) -> Conversation:
+    """LLaVA style ``{"conversations": [{"from", "value"}]}``."""
+    where = sample_where(sample)
+    turns = field_list(payload(sample, where), "conversations", where)
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(where, f"turn {i} must be an object with 'from' and 'value'")
+        role = _role(turn.get("from"), where, i)
+        text = _reject_media_tags(text_of(turn.get("value"), where, f"turn {i} value"), where, i)
+        messages.append(Message(role, [text]))
+    return _conversation(sample, messages, [0], where)
+
+
+def _openai_messages(sample: dict, where: str) -> list[Message]:
+    messages = []
+    for i, m in enumerate(field_list(payload(sample, where), "messages", where)):
+        if not isinstance(m, dict):
+            raise DataError(where, f"message {i} must be an object with 'role' and 'content'")
+        role = _role(m.get("role"), where, i)
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise DataError(where, f"message {i} content part {j} has type {kind!r}; this version's "
+                                           "encoder handles text parts only")
+                texts.append(text_of(part.get("text"), where, f"message {i} content part {j} text"))
+            content = "".join(texts)
+        text = text_of(content, where, f"message {i} content")
+        reasoning = m.get("reasoning_content", m.get("reasoning"))
+        if reasoning is not None:
+            reasoning = text_of(reasoning, where, f"message {i} reasoning")
+        messages.append(Message(role, [text], reasoning=reasoning))
+    return messages
+
+
+@register("openai_messages")
+@stateless
+def cook_openai_messages(sample: dict, **aux) -> Conversation:
+    """``{"messages": [{"role", "content": str | [{"type": "text", "text"}]}]}``."""
+    where = sample_where(sample)
+    return _conversation(sample, _openai_messages(sample, where), [0], where)
+
+
+@register("openai_messages_offline_packed")
+@stateless
+def cook_openai_messages_offline_packed(sample: dict, **aux) -> Conversation:
+    """Several ``openai_messages`` conversations in one row, a new one at each ``system`` message
+    (the messages before the first system message form the first). They stay separate sources."""
+    where = sample_where(sample)
+    messages = _openai_messages(sample, where)
+    segments = [0] + [i for i, m in enumerate(messages) if m.role == "system" and i > 0]
+    return _conversation(sample, messages, segments, where)

@@ -1,0 +1,1 @@
+"""Task encoders, registered by name (``registry.TASK_ENCODERS``)."""

@@ -1,0 +1,98 @@
+"""Encoded sources → one packed row of the Energon path, and rows → ``PackedBatch``.
+
+Row semantics (S = seq_length, m = pad_multiple):
+
+- each source of n tokens occupies ``ceil(n/m)*m`` positions: its tokens, then pad ids;
+- labels are shifted **within** the source: ``labels[j] = tokens[j+1]`` when token j+1 is trained,
+  else -100; the source's last position is -100, so nothing predicts across a boundary; pads -100;
+- ``position_ids`` restart at 0 per source and continue through its padding;
+- the row is padded to S; that tail belongs to the last segment;
+- ``cu_seqlens``: cumulative real lengths; ``cu_seqlens_padded``: cumulative padded lengths, last = S
+  (Transformer Engine's logical and physical THD offsets); ``max_seqlen``: longest padded segment.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from megatron.energon import Sample, edataclass
+
+from energon_nemotron.types import IGNORE_INDEX, EncodedSource, PackedBatch
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def source_labels(tokens: np.ndarray, trained: np.ndarray) -> np.ndarray:
+    """int64 [n] labels of one source (see the module docstring)."""
+    labels = np.full(tokens.shape[0], IGNORE_INDEX, dtype=np.int64)
+    if tokens.shape[0] > 1:
+        labels[:-1] = np.where(trained[1:], tokens[1:], IGNORE_INDEX)
+    return labels
+
+
+@edataclass
+class PackedRow(Sample):
+    """One row: ``tokens``, ``labels``, ``position_ids`` int64 [S], ``loss_mask`` float32 [S],
+    ``cu_seqlens``, ``cu_seqlens_padded`` int32 [k+1], ``max_seqlen``, ``keys`` (one per source)."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    max_seqlen: int
+    keys: list
+
+
+def assemble_row(sources: Sequence[EncodedSource], seq_length: int, pad_multiple: int, pad_id: int) -> dict:
+    """The tensors of one row (fields of :class:`PackedRow`) from its sources, in order."""
+    padded = [round_up(int(s.tokens.shape[0]), pad_multiple) for s in sources]
+    if sum(padded) > seq_length:
+        raise ValueError(f"sources take {sum(padded)} positions, more than seq_length={seq_length}")
+    tokens = np.full(seq_length, pad_id, dtype=np.int64)
+    labels = np.full(seq_length, IGNORE_INDEX, dtype=np.int64)
+    positions = np.empty(seq_length, dtype=np.int64)
+    cu, cu_padded = [0], [0]
+    at = 0
+    for s, width in zip(sources, padded):
+        n = int(s.tokens.shape[0])
+        tokens[at:at + n] = s.tokens
+        labels[at:at + n] = source_labels(s.tokens, s.trained)
+        positions[at:at + width] = np.arange(width)
+        cu.append(cu[-1] + n)
+        at += width
+        cu_padded.append(at)
+    last = int(positions[at - 1]) if at else -1
+    positions[at:] = np.arange(last + 1, last + 1 + seq_length - at)
+    cu_padded[-1] = seq_length
+    lengths = np.diff(cu_padded)
+    return {
+        "tokens": torch.from_numpy(tokens),
+        "labels": torch.from_numpy(labels),
+        "loss_mask": torch.from_numpy((labels != IGNORE_INDEX).astype(np.float32)),
+        "position_ids": torch.from_numpy(positions),
+        "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+        "cu_seqlens_padded": torch.tensor(cu_padded, dtype=torch.int32),
+        "max_seqlen": int(lengths.max()),
+        "keys": [s.key for s in sources],
+    }
+
+
+def batch_rows(rows: Sequence[PackedRow], skipped: dict | None = None) -> PackedBatch:
+    """Stack rows into a ``PackedBatch`` (``skipped``: per-reason counts to report with it)."""
+    return PackedBatch(
+        tokens=torch.stack([r.tokens for r in rows]),
+        labels=torch.stack([r.labels for r in rows]),
+        loss_mask=torch.stack([r.loss_mask for r in rows]),
+        position_ids=torch.stack([r.position_ids for r in rows]),
+        cu_seqlens=[r.cu_seqlens for r in rows],
+        cu_seqlens_padded=[r.cu_seqlens_padded for r in rows],
+        max_seqlen=[r.max_seqlen for r in rows],
+        sample_keys=[list(r.keys) for r in rows],
+        skipped=dict(skipped or {}),
+    )

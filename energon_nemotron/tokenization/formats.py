@@ -1,0 +1,238 @@
+"""Prompt formats of the Energon path, by name: messages → rendered text + trained character spans.
+
+A format renders a conversation to one string and says which character spans are trained (the
+assistant output). Tokenization then maps the spans to tokens through the tokenizer's offsets
+(``tokenization.conversation``).
+
+- ``tokenizer``: the tokenizer's own chat template. With ``{% generation %}`` markers the spans are
+  the template's generation spans, exactly as Hugging Face's ``return_assistant_tokens_mask``.
+  Without markers, each assistant turn's span is derived by rendering the conversation up to the
+  turn with the generation prompt (its prefix) and up to and including the turn; an inconsistent
+  template (a prefix that is not a prefix) is an error.
+- ``nemotron6``: Nemotron 3 ChatML with thinking normalisation (see :class:`Nemotron6Format`).
+- ``nemotron-h``: Nemotron-H / Nano v2 ``<SPECIAL_1x>`` format (see :class:`NemotronHFormat`).
+- preformatted (``subflavors.skip_chat_template``, not a named format): message texts are already
+  rendered; they are concatenated and assistant messages are the trained spans.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.registry import PROMPT_FORMATS
+from energon_nemotron.types import Message
+
+
+@dataclass
+class Rendered:
+    """A rendered conversation: ``text``; ``spans`` (start, end) of trained characters, one per
+    trained turn, in order; ``strict``: every span boundary must fall between tokens (else the
+    sample is rejected), False only where Hugging Face's overlap rule is the reference."""
+
+    text: str
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    strict: bool = True
+
+
+def is_trained(message: Message) -> bool:
+    """Role-based default (assistant turns), unless the message overrides it."""
+    return message.train if message.train is not None else message.role == "assistant"
+
+
+class _Pieces:
+    """Builds a rendering piece by piece, recording trained spans."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.spans: list[tuple[int, int]] = []
+        self.length = 0
+
+    def add(self, text: str, trained: bool = False) -> None:
+        if trained and text:
+            self.spans.append((self.length, self.length + len(text)))
+        self.parts.append(text)
+        self.length += len(text)
+
+    def result(self) -> Rendered:
+        return Rendered("".join(self.parts), self.spans)
+
+
+def render_preformatted(messages: list[Message]) -> Rendered:
+    """Already-rendered turns: concatenated; assistant (or ``train=True``) turns are trained."""
+    out = _Pieces()
+    for m in messages:
+        out.add(m.text, is_trained(m))
+    return out.result()
+
+
+THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def split_thinking(content: str, reasoning: Optional[str], key: str) -> tuple[str, str]:
+    """(reasoning, answer) of an assistant turn: ``reasoning`` if given, else one leading
+    ``<think>…</think>`` block of the content. More than one block, or a stray tag, is an error."""
+    if reasoning is not None:
+        if "<think>" in content or "</think>" in content:
+            raise DataError(key, "assistant turn has both a reasoning field and <think> tags in its content")
+        return reasoning, content
+    blocks = THINK_RE.findall(content)
+    if not blocks:
+        if "<think>" in content or "</think>" in content:
+            raise DataError(key, "assistant turn has an unmatched <think> or </think> tag")
+        return "", content
+    if len(blocks) > 1 or not content.lstrip().startswith("<think>"):
+        raise DataError(key, "assistant turn must have at most one <think>…</think> block, at its start")
+    body = THINK_RE.sub("", content, count=1)
+    if "<think>" in body or "</think>" in body:
+        raise DataError(key, "assistant turn has an unmatched <think> or </think> tag")
+    return blocks[0].strip("\n"), body.lstrip("\n")
+
+
+class PromptFormat:
+    """A named prompt format: ``render(messages, key) -> Rendered``."""
+
+    name = ""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def render(self, messages: list[Message], key: str) -> Rendered:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@PROMPT_FORMATS.register("nemotron6")
+class Nemotron6Format(PromptFormat):
+    """Nemotron 3 ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``.
+
+    - A conversation without a leading system message gets an empty one (as the Nemotron 3
+      template renders it).
+    - Assistant: ``<|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>{answer}<|im_end|>\\n``, and
+      ``<think></think>{answer}`` when the turn has no reasoning (thinking normalisation).
+      Trained: what the model generates after the generation prompt — ``{answer}<|im_end|>`` (with
+      reasoning: ``{reasoning}\\n</think>{answer}<|im_end|>``); the header, the ``<think>\\n`` or
+      empty ``<think></think>`` prefix and the newline after ``<|im_end|>`` are not.
+    - Tool: ``<|im_start|>user\\n<tool_response>\\n{content}\\n</tool_response><|im_end|>\\n`` (masked).
+    """
+
+    name = "nemotron6"
+
+    def render(self, messages: list[Message], key: str) -> Rendered:
+        out = _Pieces()
+        if not messages or messages[0].role != "system":
+            out.add("<|im_start|>system\n<|im_end|>\n")
+        for m in messages:
+            if m.role == "assistant":
+                reasoning, answer = split_thinking(m.text, m.reasoning, key)
+                out.add("<|im_start|>assistant\n")
+                train = is_trained(m)
+                if reasoning:
+                    out.add("<think>\n")
+                    out.add(f"{reasoning}\n</think>{answer}<|im_end|>", train)
+                else:
+                    out.add("<think></think>")
+                    out.add(f"{answer}<|im_end|>", train)
+                out.add("\n")
+            elif m.role == "tool":
+                out.add(f"<|im_start|>user\n<tool_response>\n{m.text}\n</tool_response><|im_end|>\n", is_trained(m))
+            else:
+                out.add(f"<|im_start|>{m.role}\n{m.text}<|im_end|>\n", is_trained(m))
+        return out.result()
+
+
+def _without_think_switches(text: str) -> str:
+    return text.replace("/think", "").replace("/no_think", "").strip()
+
+
+@PROMPT_FORMATS.register("nemotron-h")
+class NemotronHFormat(PromptFormat):
+    """Nemotron-H / Nano v2: ``<SPECIAL_10>System\\n{c}\\n``, ``<SPECIAL_11>User\\n{c}\\n``,
+    ``<SPECIAL_11>Assistant\\n{c}\\n<SPECIAL_12>\\n`` (system and user with ``/think`` and
+    ``/no_think`` removed, all stripped, as Megatron-LM's ``nemotron-nano-v2``). Trained: everything
+    of an assistant turn after its ``<SPECIAL_11>Assistant\\n`` header. Tool turns render as
+    ``<SPECIAL_11>User\\n{c}\\n`` (masked)."""
+
+    name = "nemotron-h"
+
+    def render(self, messages: list[Message], key: str) -> Rendered:
+        out = _Pieces()
+        for m in messages:
+            if m.role == "system":
+                out.add(f"<SPECIAL_10>System\n{_without_think_switches(m.text)}\n", is_trained(m))
+            elif m.role == "assistant":
+                out.add("<SPECIAL_11>Assistant\n")
+                out.add(f"{m.text.strip()}\n<SPECIAL_12>\n", is_trained(m))
+            else:
+                out.add(f"<SPECIAL_11>User\n{_without_think_switches(m.text)}\n", is_trained(m))
+        return out.result()
+
+
+GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+@PROMPT_FORMATS.register("tokenizer")
+class TokenizerTemplateFormat(PromptFormat):
+    """The tokenizer's own chat template (see the module docstring)."""
+
+    name = "tokenizer"
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        template = getattr(tokenizer, "chat_template", None)
+        if not template or not isinstance(template, str):
+            raise ConfigError("prompt_format 'tokenizer' needs a tokenizer with a (single) chat template")
+        self.template = template
+        self.has_markers = bool(GENERATION_RE.search(template))
+
+    def _render(self, dicts: list[dict], add_generation_prompt: bool, with_spans: bool):
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, indices = render_jinja_template(
+            conversations=[dicts], chat_template=self.template, return_assistant_tokens_mask=with_spans,
+            add_generation_prompt=add_generation_prompt, **self.tokenizer.special_tokens_map)
+        return rendered[0], (indices[0] if with_spans else None)
+
+    @staticmethod
+    def as_dicts(messages: list[Message]) -> list[dict]:
+        out = []
+        for m in messages:
+            d = {"role": m.role, "content": m.text}
+            if m.reasoning is not None:
+                d["reasoning_content"] = m.reasoning
+            out.append(d)
+        return out
+
+    def render(self, messages: list[Message], key: str) -> Rendered:
+        dicts = self.as_dicts(messages)
+        if self.has_markers:
+            text, spans = self._render(dicts, False, True)
+            spans = [tuple(s) for s in spans]
+            trained = [m for m in messages if m.role == "assistant"]
+            if len(spans) == len(trained):      # per-turn overrides apply when spans map to turns
+                spans = [s for s, m in zip(spans, trained) if is_trained(m)]
+            return Rendered(text, spans, strict=False)
+        text, _ = self._render(dicts, False, False)
+        spans = []
+        for i, m in enumerate(messages):
+            if not is_trained(m):
+                continue
+            if m.role != "assistant":
+                raise DataError(key, f"message {i} ({m.role}) is marked trained, but without "
+                                     "{% generation %} markers only assistant turns can be located")
+            head, _ = self._render(dicts[:i], True, False)
+            upto, _ = self._render(dicts[:i + 1], False, False)
+            if not (upto.startswith(head) and text.startswith(upto)) or len(upto) == len(head):
+                raise DataError(key, f"the chat template is not prefix-consistent at message {i}: the "
+                                     "rendering up to an assistant turn is not a prefix of the whole "
+                                     "conversation, so its span cannot be derived; add {% generation %} markers")
+            spans.append((len(head), len(upto)))
+        return Rendered(text, spans)
+
+
+def get_prompt_format(name: str, tokenizer: Any) -> PromptFormat:
+    try:
+        return PROMPT_FORMATS.get(name)(tokenizer)
+    except KeyError as e:
+        raise ConfigError(str(e.args[0])) from None

@@ -1,0 +1,115 @@
+"""Text cookers: schemas, subflavors, and errors that name the sample key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from megatron.energon import Cooker
+
+from energon_nemotron.cookers import build_cookers
+from energon_nemotron.cookers.base import NamedCooker
+from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.registry import COOKERS
+
+
+def crude(obj, subflavors=None, key="000007", raw=False):
+    data = json.dumps(obj).encode() if raw else obj
+    return {"__key__": key, "__restore_key__": ("x", 7), "__shard__": "parts/data-0.tar",
+            "__subflavors__": subflavors, "__sources__": (), "json": data}
+
+
+def cook(name, obj, **kw):
+    return COOKERS.get(name)(crude(obj, **kw))
+
+
+def roles_texts(conv):
+    return [(m.role, m.text) for m in conv.messages]
+
+
+def test_registered_names_and_stateless():
+    assert COOKERS.names() == ["general_conversations", "nemotron_conversation", "openai_messages",
+                               "openai_messages_offline_packed"]
+    for name in COOKERS.names():
+        assert getattr(COOKERS.get(name), "__stateless__", False), name
+
+
+def test_nemotron_conversation():
+    conv = cook("nemotron_conversation", {"conversation": [
+        {"sender": "system", "fragments": ["Be kind."]},
+        {"sender": "user", "fragments": ["Hi ", {"t": "text", "value": "there"}]},
+        {"sender": "assistant", "fragments": ["Hello"]}]}, raw=True)
+    assert roles_texts(conv) == [("system", "Be kind."), ("user", "Hi there"), ("assistant", "Hello")]
+    assert conv.__key__ == "000007" and conv.__restore_key__ == ("x", 7) and conv.segments == [0]
+
+
+def test_general_conversations_and_subflavors():
+    conv = cook("general_conversations", {"conversations": [
+        {"from": "human", "value": "q1"}, {"from": "gpt", "value": "a1"},
+        {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a2"}]},
+        subflavors={"cooker": "general_conversations", "train_only_on_last_assistant_turn": True,
+                    "skip_chat_template": True})
+    assert roles_texts(conv) == [("user", "q1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2")]
+    assert [m.train for m in conv.messages] == [None, False, None, True]
+    assert conv.preformatted and conv.__subflavors__["cooker"] == "general_conversations"
+
+
+def test_openai_messages_and_offline_packed():
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                             {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": "c", "reasoning_content": "think"},
+            {"role": "system", "content": "t"}, {"role": "user", "content": "d"},
+            {"role": "assistant", "content": "e"}]
+    conv = cook("openai_messages", {"messages": msgs})
+    assert conv.segments == [0] and conv.messages[1].text == "ab" and conv.messages[2].reasoning == "think"
+    packed = cook("openai_messages_offline_packed", {"messages": msgs})
+    assert packed.segments == [0, 3]
+    assert [[m.text for m in seg] for seg in packed.segment_messages()] == [["s", "ab", "c"], ["t", "d", "e"]]
+
+
+@pytest.mark.parametrize("name, obj, reason", [
+    ("openai_messages", {"msgs": []}, r"missing 'messages' \(keys: \['msgs'\]\)"),
+    ("openai_messages", {"messages": []}, r"'messages' must be a non-empty list"),
+    ("openai_messages", {"messages": [{"role": "narrator", "content": "x"}]}, r"turn 0 has unknown role 'narrator'"),
+    ("openai_messages", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 5}]},
+     r"message 1 content must be a string, got int"),
+    ("openai_messages", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+     r"message 0 content part 0 has type 'image_url'"),
+    ("openai_messages", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
+     r"message 1 is an empty assistant turn"),
+    ("openai_messages", {"messages": [{"role": "user", "content": "q"}]}, r"the conversation has no assistant turn"),
+    ("general_conversations", {"conversations": [{"from": "human", "value": "<image>\nwhat?"},
+                                                 {"from": "gpt", "value": "a"}]}, r"turn 0 contains the media tag <image>"),
+    ("nemotron_conversation", {"conversation": [{"sender": "user", "fragments": [{"t": "video", "value": "v.mp4"}]}]},
+     r"turn 0 fragment 0 is video media"),
+    ("nemotron_conversation", {"conversation": [{"sender": "user", "fragments": 3}]}, r"turn 0 'fragments' must be a list"),
+])
+def test_errors_name_key_and_reason(name, obj, reason):
+    with pytest.raises(DataError, match=rf"^000007 \(in parts/data-0\.tar\): {reason}"):
+        cook(name, obj)
+
+
+def test_bad_json_and_subflavor_types():
+    sample = crude({"messages": []})
+    sample["json"] = b"{oops"
+    with pytest.raises(DataError, match=r"json is not valid JSON"):
+        COOKERS.get("openai_messages")(sample)
+    del sample["json"]
+    sample["txt"] = b"x"
+    with pytest.raises(DataError, match=r"no \.json member \(members: \['txt'\]\)"):
+        COOKERS.get("openai_messages")(sample)
+    good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    with pytest.raises(DataError, match=r"subflavor 'skip_chat_template' must be true or false, got 'yes'"):
+        cook("openai_messages", good, subflavors={"skip_chat_template": "yes"})
+
+
+def test_build_cookers_selection():
+    cookers = build_cookers("openai_messages")
+    assert all(isinstance(c, NamedCooker) for c in cookers[:-1]) and type(cookers[-1]) is Cooker
+    named = {c.has_subflavors["cooker"]: c for c in cookers[:-1]}
+    assert named["general_conversations"].is_match({"cooker": "general_conversations", "x": 1})
+    assert not named["general_conversations"].is_match({"cooker": "openai_messages"})
+    assert not named["general_conversations"].is_match(None)       # a standalone JSONL dataset
+    assert cookers[-1].is_match(None) and cookers[-1].cook is COOKERS.get("openai_messages")
+    with pytest.raises(ConfigError, match="default_cooker: unknown cooker 'nope'"):
+        build_cookers("nope")
