@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import warnings
+
+    # Energon's loaders always request pinned memory; without an accelerator torch warns about it
+    warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -61,7 +61,7 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
-#: Packing algorithms: ``fn(lengths, capacity) -> list[list[int]]`` (see ``packing.algorithms``).
+#: Packing algorithms: ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``.
 PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms"])
 #: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
 PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats"])

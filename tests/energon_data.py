@@ -1,80 +1,15 @@
-"""Builders of small real Energon datasets for the tests: WebDataset shards written with
-``webdataset.ShardWriter``, prepared with the real ``energon prepare`` command line."""
+"""Test-only dataset builders on top of ``energon_nemotron.demo.datasets``."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
-import webdataset as wds
 import yaml
 
 from energon_nemotron.demo.conversations import make_conversations
-
-
-def energon(*args: str) -> subprocess.CompletedProcess:
-    """Run the real ``energon`` CLI of this interpreter; fail with its output on error."""
-    res = subprocess.run([sys.executable, "-m", "megatron.energon.cli.main", *args], capture_output=True, text=True)
-    if res.returncode:
-        raise RuntimeError(f"energon {' '.join(args)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    return res
-
-
-def write_shards(folder: Path, samples: Iterable[tuple[str, dict]], per_shard: int = 8) -> Path:
-    """Samples ``(key, {member_ext: bytes})`` into ``folder/parts/data-N.tar``."""
-    (folder / "parts").mkdir(parents=True, exist_ok=True)
-    with wds.ShardWriter(str(folder / "parts" / "data-%d.tar"), maxcount=per_shard, verbose=0) as w:
-        for key, members in samples:
-            w.write({"__key__": key, **members})
-    return folder
-
-
-def prepare(folder: Path, subflavors: Optional[dict] = None) -> Path:
-    """``energon prepare`` (crude, all shards in train), then set ``subflavors`` in dataset.yaml."""
-    energon("prepare", str(folder), "--non-interactive", "--split-ratio", "1,0,0", "--sample-type",
-            "CrudeWebdataset", "--num-workers", "1", "--no-progress", "--force-overwrite")
-    if subflavors is not None:
-        path = folder / ".nv-meta" / "dataset.yaml"
-        meta = yaml.safe_load(path.read_text())
-        meta["subflavors"] = subflavors
-        path.write_text(yaml.safe_dump(meta))
-    return folder
-
-
-def to_schema(cooker: str, conversations: list[list[dict]]) -> dict:
-    """The JSON payload of ``cooker`` for one or more OpenAI-style conversations."""
-    if cooker == "openai_messages_offline_packed":
-        return {"messages": [m for c in conversations for m in c]}
-    conv = conversations[0]
-    if cooker == "openai_messages":
-        return {"messages": conv}
-    if cooker == "general_conversations":
-        names = {"system": "system", "user": "human", "assistant": "gpt"}
-        return {"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in conv]}
-    if cooker == "nemotron_conversation":
-        return {"conversation": [{"sender": m["role"], "fragments": [m["content"]]} for m in conv]}
-    raise ValueError(cooker)
-
-
-def with_system(conv: list[dict]) -> list[dict]:
-    return conv if conv[0]["role"] == "system" else [{"role": "system", "content": ""}] + conv
-
-
-def text_dataset(folder: Path, cooker: str, n: int, seed: int = 0, per_shard: int = 8,
-                 subflavors: Optional[dict] = None) -> tuple[Path, list[str]]:
-    """A prepared crude text dataset of ``n`` samples for ``cooker``; returns (folder, keys)."""
-    convs = make_conversations(2 * n, seed=seed)
-    samples, keys = [], []
-    for i in range(n):
-        group = [with_system(convs[2 * i]), with_system(convs[2 * i + 1])]
-        key = f"{folder.name}-{i:05d}"
-        keys.append(key)
-        samples.append((key, {"json": json.dumps(to_schema(cooker, group)).encode()}))
-    write_shards(folder, samples, per_shard)
-    return prepare(folder, {"cooker": cooker, **(subflavors or {})}), keys
+from energon_nemotron.demo.datasets import energon, prepare, text_dataset, to_schema, write_shards  # noqa: F401
 
 
 def jsonl_dataset(path: Path, n: int, seed: int = 0) -> tuple[Path, list[str]]:

@@ -1,6 +1,8 @@
-"""``energon-nemotron demo``: raw conversations → offline-packed rows → PackedBatch, with a summary.
+"""``energon-nemotron demo``: both input paths end to end, offline, on the shipped tokenizer.
 
-Everything runs offline on the tokenizer shipped in ``demo/tokenizer``.
+1-3. Megatron-LM prepacked path: raw conversations → offline-packed rows → ``PackedBatch``.
+4-5. Energon path: WebDataset shards → ``energon prepare`` → cooker by subflavor →
+     ``nemotron_multimodal`` with online packing → ``PackedBatch``, through a YAML loader config.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ def run_demo(out: str | Path = "demo_out", progress: bool = True) -> int:
     with open(raw, "w", encoding="utf-8") as f:
         for conv in make_conversations(NUM_CONVERSATIONS, seed=0):
             f.write(json.dumps({"messages": conv}) + "\n")
-    print(f"[1/3] wrote {NUM_CONVERSATIONS} raw conversations to {raw}")
+    print(f"[1/5] wrote {NUM_CONVERSATIONS} raw conversations to {raw}")
 
     encoder = MegatronSFTPackedEncoder(TOKENIZER_DIR, SEQ_LENGTH, prompt_format="nemotron-h-aligned")
     summary = pack_file(raw, packed, encoder, progress=progress)
-    print(f"[2/3] packed them offline into {packed} (Megatron-LM offline-packed rows)")
+    print(f"[2/5] packed them offline into {packed} (Megatron-LM offline-packed rows)")
     print("      " + summary.text().replace("\n", "\n      "))
 
     dataset = MegatronSFTPackedDataset(packed, encoder)
@@ -54,7 +56,7 @@ def run_demo(out: str | Path = "demo_out", progress: bool = True) -> int:
         if first is None:
             first = batch
     seconds = time.perf_counter() - start
-    print(f"[3/3] read back {rows} PackedBatch rows of {SEQ_LENGTH} tokens in {seconds:.2f} s "
+    print(f"[3/5] read back {rows} PackedBatch rows of {SEQ_LENGTH} tokens in {seconds:.2f} s "
           f"({rows * SEQ_LENGTH / max(seconds, 1e-9):,.0f} tokens/s)")
     print(f"      conversations {conversations}/{summary.conversations}, non-pad tokens "
           f"{real / (rows * SEQ_LENGTH):.2%} of positions, trained labels {trained}, "
@@ -64,5 +66,48 @@ def run_demo(out: str | Path = "demo_out", progress: bool = True) -> int:
         text = row_text(0, first.row(0), encoder.tokenizer, sys.stdout.isatty(), pad_id=encoder.pad_id)
         print(text[:3000] + ("\n..." if len(text) > 3000 else ""))
     ok = conversations == summary.conversations and not dataset.last_report.get("truncated_lines")
-    print("\ndemo OK" if ok else "\ndemo FAILED: conversations lost or truncated")
+    ok = run_energon_demo(out, progress) and ok
+    print("\ndemo OK" if ok else "\ndemo FAILED: samples lost or truncated")
     return 0 if ok else 1
+
+
+ENERGON_SAMPLES = 96
+
+
+def run_energon_demo(out: Path, progress: bool) -> bool:
+    """Build a text dataset with ``energon prepare``, load one epoch through a loader config."""
+    import shutil
+
+    import yaml
+
+    from energon_nemotron.demo.datasets import text_dataset
+    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.preview import run_preview
+
+    folder = out / "text_dataset"
+    shutil.rmtree(folder, ignore_errors=True)
+    _, keys = text_dataset(folder, "openai_messages", ENERGON_SAMPLES, seed=1, per_shard=32)
+    print(f"\n[4/5] wrote {ENERGON_SAMPLES} samples as WebDataset shards and ran `energon prepare` on "
+          f"{folder} (subflavors.cooker: openai_messages)")
+    config = out / "loader.yaml"
+    config.write_text(yaml.safe_dump({
+        "tokenizer": str(TOKENIZER_DIR),
+        "task_encoder": {"name": "nemotron_multimodal", "options": {"prompt_format": "nemotron6", "seq_length": 2048}},
+        "packing": {"algorithm": "best_fit_decreasing", "buffer_size": 96, "pad_multiple": 8},
+        "data": {"train": {"path": "text_dataset", "split": "train"}},
+        "loader": {"batch_size": 1, "num_workers": 0, "shuffle_buffer_size": 16, "seed": 1234},
+    }, sort_keys=False))
+    start = time.perf_counter()
+    batches = samples = tokens = 0
+    for batch in tqdm(build_train_loader(config, repeat=False), desc="packing", unit="pack", disable=not progress):
+        batch.validate()
+        batches += 1
+        samples += sum(len(k) for k in batch.sample_keys)
+        tokens += sum(int(c[-1]) for c in batch.cu_seqlens)
+    seconds = time.perf_counter() - start
+    print(f"[5/5] one epoch through {config} (nemotron_multimodal, nemotron6, best_fit_decreasing): "
+          f"{batches} packs of 2048, {samples}/{len(keys)} samples, fill {tokens / (batches * 2048):.2%}, "
+          f"{tokens / max(seconds, 1e-9):,.0f} tokens/s")
+    print("\nFirst packed batch (`energon-nemotron preview " + str(config) + " --batches 1`):")
+    run_preview(str(config), batches=1)
+    return samples == len(keys)

@@ -117,7 +117,7 @@ def pack_file(input_path: str | Path, output_path: str | Path, encoder: Megatron
         input_path: JSONL, one ``{chat_key: [messages]}`` object per line.
         output_path: the ``.jsonl.packed`` file to write (``{chat_key: [messages]}`` per row).
         encoder: the encoder that will read the rows (tokenizer, format, seq_length, CP).
-        algorithm: a registered packer (``best_fit_decreasing`` | ``first_fit_decreasing``).
+        algorithm: a registered packer (see ``registry.PACKERS``; default ``best_fit_decreasing``).
         seed: rows are written in a shuffled order with this seed (None: packer order, which puts
             the longest conversations first). Conversations inside a row keep their input order.
     """

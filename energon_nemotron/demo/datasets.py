@@ -1,0 +1,83 @@
+"""Builders of small real Energon datasets (the demo and the tests use them).
+
+WebDataset shards are written with ``webdataset.ShardWriter`` and prepared with the real
+``energon prepare`` command line; ``subflavors.cooker`` selects the cooker by name.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
+
+import webdataset as wds
+import yaml
+
+from energon_nemotron.demo.conversations import make_conversations
+
+
+def energon(*args: str) -> subprocess.CompletedProcess:
+    """Run the real ``energon`` CLI of this interpreter; fail with its output on error."""
+    res = subprocess.run([sys.executable, "-m", "megatron.energon.cli.main", *args], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"energon {' '.join(args)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    return res
+
+
+def write_shards(folder: Path, samples: Iterable[tuple[str, dict]], per_shard: int = 8) -> Path:
+    """Samples ``(key, {member_ext: bytes})`` into ``folder/parts/data-N.tar``."""
+    (folder / "parts").mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(folder / "parts" / "data-%d.tar"), maxcount=per_shard, verbose=0) as w:
+        for key, members in samples:
+            w.write({"__key__": key, **members})
+    return folder
+
+
+def prepare(folder: Path, subflavors: Optional[dict] = None) -> Path:
+    """``energon prepare`` (crude, all shards in train), then set ``subflavors`` in dataset.yaml."""
+    energon("prepare", str(folder), "--non-interactive", "--split-ratio", "1,0,0", "--sample-type",
+            "CrudeWebdataset", "--num-workers", "1", "--no-progress", "--force-overwrite")
+    if subflavors is not None:
+        path = folder / ".nv-meta" / "dataset.yaml"
+        meta = yaml.safe_load(path.read_text())
+        meta["subflavors"] = subflavors
+        path.write_text(yaml.safe_dump(meta))
+    return folder
+
+
+def to_schema(cooker: str, conversations: list[list[dict]]) -> dict:
+    """The JSON payload of ``cooker`` for one or more OpenAI-style conversations."""
+    if cooker == "openai_messages_offline_packed":
+        return {"messages": [m for c in conversations for m in c]}
+    conv = conversations[0]
+    if cooker == "openai_messages":
+        return {"messages": conv}
+    if cooker == "general_conversations":
+        names = {"system": "system", "user": "human", "assistant": "gpt"}
+        return {"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in conv]}
+    if cooker == "nemotron_conversation":
+        return {"conversation": [{"sender": m["role"], "fragments": [m["content"]]} for m in conv]}
+    raise ValueError(cooker)
+
+
+def with_system(conv: list[dict]) -> list[dict]:
+    """The conversation with a leading system message and no trailing newlines in contents (the
+    newlines in ``make_conversations`` are for Megatron-LM's ``identity`` format)."""
+    conv = [{"role": m["role"], "content": m["content"].rstrip("\n")} for m in conv]
+    return conv if conv[0]["role"] == "system" else [{"role": "system", "content": ""}] + conv
+
+
+def text_dataset(folder: Path, cooker: str, n: int, seed: int = 0, per_shard: int = 8,
+                 subflavors: Optional[dict] = None) -> tuple[Path, list[str]]:
+    """A prepared crude text dataset of ``n`` samples for ``cooker``; returns (folder, keys)."""
+    convs = make_conversations(2 * n, seed=seed)
+    samples, keys = [], []
+    for i in range(n):
+        group = [with_system(convs[2 * i]), with_system(convs[2 * i + 1])]
+        key = f"{folder.name}-{i:05d}"
+        keys.append(key)
+        samples.append((key, {"json": json.dumps(to_schema(cooker, group)).encode()}))
+    write_shards(folder, samples, per_shard)
+    return prepare(folder, {"cooker": cooker, **(subflavors or {})}), keys
