@@ -27,3 +27,9 @@ class DataError(ValueError):
 
 class ConfigError(ValueError):
     """An invalid option or combination of options (not tied to one sample)."""
+
+
+class MediaError(ValueError):
+    """A media item that cannot be planned or decoded (bad header, unsupported format, over a size
+    limit, metadata that disagrees with the content). The task encoder re-raises it as a
+    ``DataError`` naming the sample key."""
