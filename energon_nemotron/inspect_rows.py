@@ -68,10 +68,31 @@ def row_text(index: int, row: dict[str, Any], tokenizer: Any, color: bool, pad_i
                 parts.append((DIM + f"«pad×{j - i}»" + RESET) if color else f"«pad×{j - i}»")
                 continue
             for k, m, on in _runs(seg_trained[i:j]):
-                text = tokenizer.decode(seg_tokens[i + k:i + m])
+                text = _decode_compact(tokenizer, seg_tokens[i + k:i + m], color)
                 if on:
                     text = (GREEN + text + RESET) if color else f"⟦{text}⟧"
                 parts.append(text)
         body = "".join(parts)
         lines.extend("    " + line for line in body.split("\n"))
+    for span in row.get("media_spans") or []:
+        detail = ", ".join(f"{k} {v}" for k, v in span.items() if k not in ("kind", "sample_key"))
+        lines.append(f"  {span['kind']} of {span['sample_key']}: {detail}")
     return "\n".join(lines)
+
+
+def _decode_compact(tokenizer: Any, ids: list[int], color: bool, min_run: int = 8) -> str:
+    """Decoded text, with runs of one repeated id (media placeholders) shown as ``«<image>×n»``."""
+    out, start = [], 0
+    i = 0
+    while i < len(ids):
+        j = i
+        while j < len(ids) and ids[j] == ids[i]:
+            j += 1
+        if j - i >= min_run:
+            out.append(tokenizer.decode(ids[start:i]))
+            mark = f"«{tokenizer.decode([ids[i]])}×{j - i}»"
+            out.append((DIM + mark + RESET) if color else mark)
+            start = j
+        i = j
+    out.append(tokenizer.decode(ids[start:]))
+    return "".join(out)

@@ -33,6 +33,7 @@ def batch_json(index: int, batch: PackedBatch) -> dict:
         "cu_seqlens": [c.tolist() for c in batch.cu_seqlens],
         "cu_seqlens_padded": [c.tolist() for c in batch.cu_seqlens_padded],
         "is_padding": batch.is_padding,
+        "media": [{"row": r, **span} for r, spans in enumerate(batch.media_spans) for span in spans],
     }
 
 

@@ -66,7 +66,8 @@ PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algo
 #: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
 PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats"])
 #: Cookers: ``name -> cook function`` (``@stateless``; ``cookers/``).
-COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.text"])
+COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.conversations",
+                                                   "energon_nemotron.cookers.asr"])
 #: Task encoders: ``name -> class`` with an ``Options`` pydantic model (``encoders/``).
 TASK_ENCODERS: Registry = Registry("task encoder", ["energon_nemotron.encoders.nemotron_multimodal"])
 #: Megatron-LM ``SFTTokenizer`` prompt formats (see ``megatron_packed.prompt_formats``).

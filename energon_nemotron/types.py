@@ -15,6 +15,8 @@ import torch
 from megatron.energon import Sample, edataclass
 
 IGNORE_INDEX = -100
+#: a private-use character that stands for a media reference while a conversation is rendered
+MEDIA_MARKER = "\ue000"
 ROLES = ("system", "user", "assistant", "tool")
 MODALITIES = ("image", "video", "audio")
 
@@ -42,8 +44,9 @@ class Message:
 
     @property
     def text(self) -> str:
-        """The text parts joined (media parts left out)."""
-        return "".join(p for p in self.content if isinstance(p, str))
+        """The content as one string, each media part as ``MEDIA_MARKER`` (prompt formats render
+        this; the marker becomes the media placeholder after tokenization)."""
+        return "".join(p if isinstance(p, str) else MEDIA_MARKER for p in self.content)
 
     @property
     def media_parts(self) -> list[MediaPart]:
@@ -96,11 +99,14 @@ class EncodedSource:
 @edataclass
 class EncodedSample(Sample):
     """A tokenized sample: its sources (one per segment), the pack positions they take
-    (``cost``: each source rounded up to the pad multiple) and one media plan per media item."""
+    (``cost``: each source rounded up to the pad multiple), one media plan per media item (phase 1),
+    the media references themselves and, after phase 2, the processed media tensors."""
 
     sources: list[EncodedSource]
     cost: int
     media_plans: list = field(default_factory=list)
+    media: list = field(default_factory=list)
+    media_tensors: list = field(default_factory=list)
 
 
 @dataclass
@@ -135,12 +141,17 @@ class PackedBatch:
     media: dict[str, Any] = field(default_factory=dict)
     #: per-reason counts of samples skipped since the previous batch of the same worker
     skipped: dict[str, int] = field(default_factory=dict)
+    #: per row, one dict per media item in placeholder order: kind, sample_key, token_start (first
+    #: placeholder id), num_tokens (embedding tokens), and grid / frames / clips
+    media_spans: list[list[dict]] = field(default_factory=list)
     #: set by Energon's batching so a batch can be restored from its samples
     __restore_key__: tuple = ()
 
     def __post_init__(self) -> None:
         if not self.is_padding:
             self.is_padding = [False] * self.tokens.shape[0]
+        if not self.media_spans:
+            self.media_spans = [[] for _ in range(self.tokens.shape[0])]
 
     @property
     def batch_size(self) -> int:
@@ -197,6 +208,7 @@ class PackedBatch:
             "max_seqlen": self.max_seqlen[i],
             "sample_keys": self.sample_keys[i],
             "is_padding": self.is_padding[i],
+            "media_spans": self.media_spans[i],
         }
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "PackedBatch":
@@ -213,6 +225,7 @@ class PackedBatch:
             cu_seqlens_padded=[move(c) for c in self.cu_seqlens_padded],
             max_seqlen=list(self.max_seqlen), sample_keys=[list(k) for k in self.sample_keys],
             is_padding=list(self.is_padding), media=media, skipped=dict(self.skipped),
+            media_spans=self.media_spans,
         )
         moved.__restore_key__ = self.__restore_key__
         return moved
@@ -225,7 +238,7 @@ class PackedBatch:
             cu_seqlens=list(self.cu_seqlens), cu_seqlens_padded=list(self.cu_seqlens_padded),
             max_seqlen=list(self.max_seqlen), sample_keys=self.sample_keys, is_padding=self.is_padding,
             media={k: (v.pin_memory() if hasattr(v, "pin_memory") else v) for k, v in self.media.items()},
-            skipped=self.skipped)
+            skipped=self.skipped, media_spans=self.media_spans)
         pinned.__restore_key__ = self.__restore_key__
         return pinned
 

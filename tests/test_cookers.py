@@ -28,8 +28,8 @@ def roles_texts(conv):
 
 
 def test_registered_names_and_stateless():
-    assert COOKERS.names() == ["general_conversations", "nemotron_conversation", "openai_messages",
-                               "openai_messages_offline_packed"]
+    assert COOKERS.names() == ["general_conversations", "granary_asr", "nemotron_conversation",
+                               "openai_messages", "openai_messages_offline_packed"]
     for name in COOKERS.names():
         assert getattr(COOKERS.get(name), "__stateless__", False), name
 
@@ -79,9 +79,7 @@ def test_openai_messages_and_offline_packed():
      r"message 1 is an empty assistant turn"),
     ("openai_messages", {"messages": [{"role": "user", "content": "q"}]}, r"the conversation has no assistant turn"),
     ("general_conversations", {"conversations": [{"from": "human", "value": "<image>\nwhat?"},
-                                                 {"from": "gpt", "value": "a"}]}, r"turn 0 contains the media tag <image>"),
-    ("nemotron_conversation", {"conversation": [{"sender": "user", "fragments": [{"t": "video", "value": "v.mp4"}]}]},
-     r"turn 0 fragment 0 is video media"),
+                                                 {"from": "gpt", "value": "a"}]}, r"more image references than image items \(0\)"),
     ("nemotron_conversation", {"conversation": [{"sender": "user", "fragments": 3}]}, r"turn 0 'fragments' must be a list"),
 ])
 def test_errors_name_key_and_reason(name, obj, reason):
@@ -113,3 +111,83 @@ def test_build_cookers_selection():
     assert cookers[-1].is_match(None) and cookers[-1].cook is COOKERS.get("openai_messages")
     with pytest.raises(ConfigError, match="default_cooker: unknown cooker 'nope'"):
         build_cookers("nope")
+
+
+# -- media -------------------------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from megatron.energon.epathlib import EPath  # noqa: E402
+from megatron.energon.source_info import SourceInfo  # noqa: E402
+
+from energon_nemotron.types import MediaPart  # noqa: E402
+
+
+def wds_sample(obj, members, key="k1"):
+    s = crude(obj, key=key, raw=True)
+    s.update(members)
+    return s
+
+
+def jsonl_sample(obj, folder: Path, key="3"):
+    s = crude(obj, key=key)
+    s["__sources__"] = (SourceInfo(dataset_path=EPath(folder / "data.jsonl"), index=3, shard_name="data.jsonl",
+                                   file_names=("3.json",)),)
+    return s
+
+
+def test_general_conversations_members_in_name_order():
+    obj = {"conversations": [{"from": "human", "value": "<image> and <image>, hear <audio>?"},
+                             {"from": "gpt", "value": "ok"}]}
+    conv = COOKERS.get("general_conversations")(wds_sample(obj, {"10.jpg": b"B", "2.jpg": b"A", "wav": b"W"}))
+    assert conv.messages[0].content == [MediaPart("image", 0), " and ", MediaPart("image", 1), ", hear ",
+                                        MediaPart("audio", 2), "?"]
+    assert [(m.modality, m.payload, m.name) for m in conv.media] == [("image", b"A", "2.jpg"), ("image", b"B", "10.jpg"),
+                                                                     ("audio", b"W", "wav")]
+    with pytest.raises(DataError, match=r"^k1 \(in parts/data-0\.tar\): 1 image references but 2 image items"):
+        obj1 = {"conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "ok"}]}
+        COOKERS.get("general_conversations")(wds_sample(obj1, {"0.jpg": b"A", "1.jpg": b"B"}))
+
+
+def test_jsonl_paths_resolve_inside_the_dataset_folder(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.png").write_bytes(b"png")
+    (tmp_path.parent / "outside.png").write_bytes(b"x")
+    ok = {"conversations": [{"from": "human", "value": "<image> what?"}, {"from": "gpt", "value": "a"}],
+          "image": "imgs/a.png"}
+    conv = COOKERS.get("general_conversations")(jsonl_sample(ok, tmp_path))
+    assert conv.media[0].payload == (tmp_path / "imgs" / "a.png").resolve()
+    with pytest.raises(DataError, match=r"image path '\.\./outside\.png' escapes the dataset folder"):
+        COOKERS.get("general_conversations")(jsonl_sample({**ok, "image": "../outside.png"}, tmp_path))
+    with pytest.raises(DataError, match=r"image file 'imgs/b\.png' not found under the dataset folder"):
+        COOKERS.get("general_conversations")(jsonl_sample({**ok, "image": "imgs/b.png"}, tmp_path))
+
+
+def test_nemotron_conversation_fragments_reference_members_once():
+    obj = {"conversation": [{"sender": "user", "fragments": ["Look: ", {"t": "image", "value": "0.jpg",
+                                                                          "metadata": {"width": 64, "height": 32}},
+                                                             " and listen ", {"t": "audio", "value": "flac"}]},
+                            {"sender": "assistant", "fragments": ["Nice."]}]}
+    conv = COOKERS.get("nemotron_conversation")(wds_sample(obj, {"0.jpg": b"I", "flac": b"F"}))
+    assert conv.messages[0].content == ["Look: ", MediaPart("image", 0), " and listen ", MediaPart("audio", 1)]
+    assert conv.media[0].metadata == {"width": 64, "height": 32}
+    with pytest.raises(DataError, match=r"media members \['1\.jpg'\] are never referenced"):
+        COOKERS.get("nemotron_conversation")(wds_sample(obj, {"0.jpg": b"I", "1.jpg": b"J", "flac": b"F"}))
+    twice = {"conversation": [{"sender": "user", "fragments": [{"t": "image", "value": "0.jpg"},
+                                                               {"t": "image", "value": "0.jpg"}]},
+                              {"sender": "assistant", "fragments": ["x"]}]}
+    with pytest.raises(DataError, match=r"references member '0\.jpg' a second time"):
+        COOKERS.get("nemotron_conversation")(wds_sample(twice, {"0.jpg": b"I"}))
+
+
+def test_granary_asr(tmp_path):
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    conv = COOKERS.get("granary_asr")(jsonl_sample({"audio_filepath": "a.wav", "text": "hello world"}, tmp_path))
+    assert conv.messages[0].content[0] == MediaPart("audio", 0) and conv.messages[1].text == "hello world"
+    assert conv.media[0].payload == (tmp_path / "a.wav").resolve()
+    member = COOKERS.get("granary_asr")(wds_sample({"text": "hi"}, {"flac": b"F"}))
+    assert member.media[0].payload == b"F"
+    with pytest.raises(DataError, match=r"expected one audio item .* found 2"):
+        COOKERS.get("granary_asr")(wds_sample({"text": "hi"}, {"0.flac": b"F", "1.flac": b"G"}))
+    with pytest.raises(DataError, match=r"'text' \(the transcript\) is empty"):
+        COOKERS.get("granary_asr")(wds_sample({"text": " "}, {"flac": b"F"}))

@@ -192,7 +192,7 @@ def test_no_trainable_tokens_and_media_and_unknown_format():
         t.encode([[Message("user", ["only a question"])]], "s3")
     from energon_nemotron.types import MediaPart
 
-    with pytest.raises(DataError, match=r"^s4: message 0 references media"):
+    with pytest.raises(DataError, match=r"^s4: the rendered conversation references 1 media items, but the sample has 0"):
         t.encode([[Message("user", ["look", MediaPart("image", 0)]), Message("assistant", ["ok"])]], "s4")
     with pytest.raises(ConfigError, match=r"unknown prompt format 'chatml'; known: nemotron-h, nemotron6, tokenizer"):
         ConversationTokenizer(DEMO_TOKENIZER, "chatml")

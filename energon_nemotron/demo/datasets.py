@@ -81,3 +81,38 @@ def text_dataset(folder: Path, cooker: str, n: int, seed: int = 0, per_shard: in
         samples.append((key, {"json": json.dumps(to_schema(cooker, group)).encode()}))
     write_shards(folder, samples, per_shard)
     return prepare(folder, {"cooker": cooker, **(subflavors or {})}), keys
+
+
+def multimodal_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) -> tuple[Path, list[str]]:
+    """A prepared crude dataset for the ``general_conversations`` cooker whose samples cycle through
+    text only, one image, two images, a video, and an audio clip (media as WebDataset members,
+    referenced by ``<image>``/``<video>``/``<audio>`` tags); returns (folder, keys)."""
+    from energon_nemotron.demo.media import make_audio, make_image, make_video
+
+    convs = make_conversations(n, seed=seed)
+    samples, keys = [], []
+    for i in range(n):
+        conv = with_system(convs[i])
+        turns = [{"from": {"system": "system", "user": "human", "assistant": "gpt"}[m["role"]], "value": m["content"]}
+                 for m in conv]
+        first_user = next(k for k, t in enumerate(turns) if t["from"] == "human")
+        members: dict = {}
+        kind = i % 5
+        if kind == 1:
+            members["jpg"] = make_image(96 + 16 * (i % 7), 64 + 8 * (i % 5), seed=i)
+            turns[first_user]["value"] = "<image>\nDescribe the picture, then: " + turns[first_user]["value"]
+        elif kind == 2:
+            members["0.png"] = make_image(80, 120, seed=i, fmt="PNG")
+            members["1.jpg"] = make_image(160, 90, seed=i + 1)
+            turns[first_user]["value"] = "Compare <image> with <image>. " + turns[first_user]["value"]
+        elif kind == 3:
+            members["mp4"] = make_video(128, 72, seconds=1.0 + (i % 3) * 0.5, fps=8, seed=i)
+            turns[first_user]["value"] = "<video>\nWhat happens? " + turns[first_user]["value"]
+        elif kind == 4:
+            members["wav"] = make_audio(seconds=1.0 + (i % 4) * 0.5, sample_rate=22050, channels=2, seed=i)
+            turns[first_user]["value"] = "<audio>\nListen, then: " + turns[first_user]["value"]
+        key = f"{folder.name}-{i:05d}"
+        keys.append(key)
+        samples.append((key, {"json": json.dumps({"conversations": turns}).encode(), **members}))
+    write_shards(folder, samples, per_shard)
+    return prepare(folder, {"cooker": "general_conversations"}), keys

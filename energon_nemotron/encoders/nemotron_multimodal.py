@@ -1,15 +1,18 @@
 """The ``nemotron_multimodal`` task encoder: an Energon ``DefaultTaskEncoder`` that wires the stages.
 
-cookers (by name) → ``preencode_sample`` (tokenize, packing cost; nothing decoded) →
-``select_samples_to_pack`` (a registered packer over the buffer; every sample placed exactly once)
-→ ``pack_selected_samples`` (one ``PackedRow``) → ``batch`` (``PackedBatch``). Without packing,
-each batch row holds one sample. Everything up to the packing buffer is ``@stateless``.
+cookers (by name) → ``preencode_sample`` (plan media from headers, tokenize with placeholders,
+packing cost; nothing decoded) → ``select_samples_to_pack`` (a registered packer over the buffer;
+every sample placed exactly once) → ``postencode_sample`` (decode only the media of samples
+selected into a pack) → ``pack_selected_samples`` (one ``PackedRow``) → ``batch`` (``PackedBatch``).
+Without packing, each batch row holds one sample. Everything up to the packing buffer is
+``@stateless``.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections import Counter
+import dataclasses
 from typing import Any, Literal, Optional, Union
 
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
@@ -17,20 +20,45 @@ from pydantic import Field, model_validator
 
 from energon_nemotron.config import PackingConfig, StrictModel
 from energon_nemotron.cookers import build_cookers
-from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up
+from energon_nemotron.errors import ConfigError, DataError, MediaError
+from energon_nemotron.media.handlers import MediaHandlers
+from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up, row_media
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
 from energon_nemotron.tokenization.conversation import ConversationTokenizer, NoTrainableTokensError
+from energon_nemotron.tokenization.loading import TextEncoder
 from energon_nemotron.types import Conversation, EncodedSample, EncodedSource, PackedBatch
 
 
+def media_options(kind: str, values: dict):
+    """The options dataclass of a media kind (``media.image.ImageOptions`` etc.) from a dict;
+    unknown keys are errors listing the valid ones."""
+    import importlib
+
+    cls = getattr(importlib.import_module(f"energon_nemotron.media.{kind}"), f"{kind.capitalize()}Options")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in values if k not in valid]
+    if unknown:
+        raise ValueError(f"{kind}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}")
+    return cls(**values)
+
+
 class NemotronMultimodalOptions(StrictModel):
-    """``task_encoder.options`` of ``nemotron_multimodal``."""
+    """``task_encoder.options`` of ``nemotron_multimodal``; ``image``/``video``/``audio`` hold the
+    fields of ``media.image.ImageOptions``, ``media.video.VideoOptions``, ``media.audio.AudioOptions``."""
 
     prompt_format: str = "tokenizer"
     seq_length: int = Field(ge=2)
     train_only_on_last_assistant_turn: bool = False
     over_length: Literal["error", "skip", "truncate"] = "error"
+    image: dict[str, Any] = Field(default_factory=dict)
+    video: dict[str, Any] = Field(default_factory=dict)
+    audio: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _media(self) -> "NemotronMultimodalOptions":
+        for kind in ("image", "video", "audio"):
+            media_options(kind, getattr(self, kind))
+        return self
 
     @model_validator(mode="after")
     def _known_format(self) -> "NemotronMultimodalOptions":
@@ -71,22 +99,41 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         self.text = ConversationTokenizer(tokenizer, self.options.prompt_format)
         tok = self.text.tokenizer
         self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
+        o = self.options
+        self.media = MediaHandlers(tok, TextEncoder(tok), media_options("image", o.image),
+                                   media_options("video", o.video), media_options("audio", o.audio))
         self._skipped: Counter = Counter()
 
     # -- per sample ------------------------------------------------------------------------------
     @stateless
     def preencode_sample(self, sample: Conversation) -> EncodedSample:
+        """Phase 1: plan media from metadata, tokenize with placeholders, set the packing cost."""
         key = sample.__key__
+        try:
+            planned = [self.media.plan(ref, i) for i, ref in enumerate(sample.media)]
+        except MediaError as e:
+            raise DataError(key, str(e)) from None
         segments = sample.segment_messages()
         encoded = self.text.encode(segments, key, preformatted=sample.preformatted,
-                                   last_only=self.options.train_only_on_last_assistant_turn)
+                                   last_only=self.options.train_only_on_last_assistant_turn, media=planned)
         names = [key] if len(segments) == 1 else [f"{key}#{i}" for i in range(len(segments))]
         sources = [EncodedSource(n, t, m) for n, (t, m) in zip(names, encoded)]
-        sources = self._fit(sources, key)
+        sources = self._fit(sources, key, planned)
         cost = sum(round_up(int(s.tokens.shape[0]), self.pad_multiple) for s in sources)
-        return EncodedSample.derive_from(sample, sources=sources, cost=cost, media_plans=[])
+        return EncodedSample.derive_from(sample, sources=sources, cost=cost, media_plans=planned,
+                                         media=list(sample.media))
 
-    def _fit(self, sources: list[EncodedSource], key: str) -> list[EncodedSource]:
+    @stateless
+    def postencode_sample(self, sample: EncodedSample) -> EncodedSample:
+        """Phase 2 (only for samples selected into a pack): decode and process the media."""
+        try:
+            tensors = [self.media.process(ref, p) for ref, p in zip(sample.media, sample.media_plans)]
+        except MediaError as e:
+            raise DataError(sample.__key__, str(e)) from None
+        return EncodedSample.derive_from(sample, sources=sample.sources, cost=sample.cost,
+                                         media_plans=sample.media_plans, media=sample.media, media_tensors=tensors)
+
+    def _fit(self, sources: list[EncodedSource], key: str, planned: list) -> list[EncodedSource]:
         """Apply the over-length policy to a sample longer than ``seq_length``."""
         L = self.options.seq_length
         cost = sum(round_up(int(s.tokens.shape[0]), self.pad_multiple) for s in sources)
@@ -100,6 +147,9 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
             self._skipped["over_length"] += 1
             raise SkipSample()
         kept, room = [], L
+        if planned:
+            raise DataError(key, f"sample takes {cost} positions, more than seq_length={L}, and has media: "
+                                 "it cannot be truncated without cutting a placeholder (use over_length: skip)")
         for s in sources:
             if room <= 0:
                 break
@@ -126,6 +176,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
     def pack_selected_samples(self, samples: list[EncodedSample]) -> PackedRow:
         sources = [src for s in samples for src in s.sources]
         fields = assemble_row(sources, self.options.seq_length, self.pad_multiple, self.pad_id)
+        fields.update(row_media(samples, fields["cu_seqlens_padded"].tolist()))
         return PackedRow.derive_from(samples[0], __key__=",".join(s.__key__ for s in samples), **fields)
 
     # -- batching --------------------------------------------------------------------------------

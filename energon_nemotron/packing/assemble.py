@@ -13,6 +13,7 @@ Row semantics (S = seq_length, m = pad_multiple):
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import Sequence
 
 import numpy as np
@@ -47,6 +48,9 @@ class PackedRow(Sample):
     cu_seqlens_padded: torch.Tensor
     max_seqlen: int
     keys: list
+    visual: list = field(default_factory=list)       # per image/video: {"pixels", "sizes"}
+    audio: list = field(default_factory=list)        # per audio: {"features", "lengths"}
+    media_spans: list = field(default_factory=list)  # per item, placeholder order (see PackedBatch)
 
 
 def assemble_row(sources: Sequence[EncodedSource], seq_length: int, pad_multiple: int, pad_id: int) -> dict:
@@ -83,6 +87,44 @@ def assemble_row(sources: Sequence[EncodedSource], seq_length: int, pad_multiple
     }
 
 
+def row_media(samples: Sequence, source_starts: Sequence[int]) -> dict:
+    """Media of a row's samples in placeholder order: ``visual``, ``audio`` (processed tensors) and
+    ``media_spans`` (row positions). ``source_starts``: row position of each source, in order."""
+    items = []
+    base = 0
+    for s in samples:
+        for planned, tensors in zip(s.media_plans, s.media_tensors):
+            start = source_starts[base + planned.source] + planned.token_start
+            items.append((start, planned, tensors, s.sources[planned.source].key))
+        base += len(s.sources)
+    items.sort(key=lambda x: x[0])
+    out: dict = {"visual": [], "audio": [], "media_spans": []}
+    for start, planned, tensors, key in items:
+        out["audio" if planned.modality == "audio" else "visual"].append(tensors)
+        out["media_spans"].append({**planned.describe(), "sample_key": key, "token_start": int(start)})
+    return out
+
+
+def batch_media(rows: Sequence[PackedRow]) -> dict:
+    """``PackedBatch.media``: ``pixel_values`` (PackedTensor, per visual item [P_i, 3·p·p] float32),
+    ``image_sizes`` (PackedTensor, per item int32 [units_i, 2] patch grids), ``num_frames`` (int32
+    [N_visual]: units per item), ``sound_features`` (PackedTensor, per audio [clips_i, F, mel]) and
+    ``sound_lengths`` (PackedTensor, per audio int64 [clips_i]); only the kinds present."""
+    from energon_nemotron.media.packed_tensor import PackedTensor
+
+    visual = [v for r in rows for v in r.visual]
+    audio = [a for r in rows for a in r.audio]
+    media: dict = {}
+    if visual:
+        media["pixel_values"] = PackedTensor.from_list([v["pixels"] for v in visual])
+        media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
+        media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
+    if audio:
+        media["sound_features"] = PackedTensor.from_list([a["features"] for a in audio])
+        media["sound_lengths"] = PackedTensor.from_list([a["lengths"] for a in audio])
+    return media
+
+
 def batch_rows(rows: Sequence[PackedRow], skipped: dict | None = None) -> PackedBatch:
     """Stack rows into a ``PackedBatch`` (``skipped``: per-reason counts to report with it)."""
     return PackedBatch(
@@ -95,4 +137,6 @@ def batch_rows(rows: Sequence[PackedRow], skipped: dict | None = None) -> Packed
         max_seqlen=[r.max_seqlen for r in rows],
         sample_keys=[list(r.keys) for r in rows],
         skipped=dict(skipped or {}),
+        media=batch_media(rows),
+        media_spans=[list(r.media_spans) for r in rows],
     )

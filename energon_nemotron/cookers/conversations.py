@@ -1,15 +1,18 @@
-"""Text cookers. Each reads the sample's JSON object and returns a ``Conversation``.
+"""Conversation cookers. Each reads the sample's JSON object and returns a ``Conversation``.
 
 | name | schema |
 |---|---|
-| ``nemotron_conversation`` | ``{"conversation": [{"sender": ..., "fragments": [str or {"t": "text", "value": ...}]}]}`` |
-| ``general_conversations`` | LLaVA style ``{"conversations": [{"from": "system"/"human"/"gpt", "value": ...}]}`` |
-| ``openai_messages`` | ``{"messages": [{"role": ..., "content": str or [{"type": "text", "text": ...}]}]}`` |
+| ``nemotron_conversation`` | ``{"conversation": [{"sender": ..., "fragments": [str or {"t": "text"/"image"/"video"/"audio", "value": ..., "metadata": {...}}]}]}`` |
+| ``general_conversations`` | LLaVA style ``{"conversations": [{"from": "system"/"human"/"gpt", "value": ...}]}`` with ``<image>``/``<video>``/``<audio>`` tags |
+| ``openai_messages`` | ``{"messages": [{"role": ..., "content": str or [{"type": "text", "text": ...}]}]}`` (text) |
 | ``openai_messages_offline_packed`` | as ``openai_messages``; a new conversation at each ``system`` message |
 
+Media: a fragment's ``value`` names a member of the WebDataset sample (e.g. ``"0.jpg"``) or a path
+relative to the dataset folder; ``general_conversations`` tags take the sample's media members of
+that kind in name order (WebDataset) or the paths of the JSON fields ``image(s)``, ``video(s)``,
+``audio(s)``/``sound`` (JSONL), in order. Every media item is referenced exactly once, in order.
 Subflavors read by every cooker: ``skip_chat_template`` (texts are already rendered) and
-``train_only_on_last_assistant_turn``. Media fragments and ``<image>``/``<video>``/``<audio>`` tags
-are recognised and rejected with a clear error: this version's encoder handles text only.
+``train_only_on_last_assistant_turn``.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from energon_nemotron.cookers.base import (
     subflavor_flag,
     text_of,
 )
+from energon_nemotron.cookers.media import MediaQueue, field_paths, media_ref, member_media, path_media
 from energon_nemotron.errors import DataError
-from energon_nemotron.types import MODALITIES, Conversation, Message
+from energon_nemotron.types import MODALITIES, Conversation, MediaPart, Message
 
 ROLE_ALIASES = {
     "system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
@@ -45,22 +49,29 @@ def _role(value, where: str, i: int) -> str:
     return role
 
 
-def _reject_media_tags(text: str, where: str, i: int) -> str:
-    m = MEDIA_TAG_RE.search(text)
-    if m:
-        raise DataError(where, f"turn {i} contains the media tag {m.group(0)}; this version's encoder "
-                               "handles text only")
-    return text
+def _tagged_parts(text: str, queue: MediaQueue) -> list:
+    """Text with ``<image>``/``<video>``/``<audio>`` tags → text and ``MediaPart``s, in order."""
+    parts: list = []
+    at = 0
+    for m in MEDIA_TAG_RE.finditer(text):
+        if m.start() > at:
+            parts.append(text[at:m.start()])
+        parts.append(queue.take(m.group(1)))
+        at = m.end()
+    if at < len(text) or not parts:
+        parts.append(text[at:])
+    return parts
 
 
-def _conversation(sample: dict, messages: list[Message], segments: list[int], where: str) -> Conversation:
+def _conversation(sample: dict, messages: list[Message], segments: list[int], where: str,
+                  media: list | None = None) -> Conversation:
     bounds = segments + [len(messages)]
     for a, b in zip(bounds, bounds[1:]):
         check_messages(messages[a:b], where)
         if subflavor_flag(sample, "train_only_on_last_assistant_turn", where):
             apply_last_turn_only(messages[a:b])
-    return Conversation(**basic_sample_keys(sample), messages=messages, segments=segments,
-                        preformatted=subflavor_flag(sample, "skip_chat_template", where))
+    return Conversation(**basic_sample_keys(sample), messages=messages, media=list(media or []),
+                        segments=segments, preformatted=subflavor_flag(sample, "skip_chat_template", where))
 
 
 @register("nemotron_conversation")
@@ -69,7 +80,7 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
     """``{"conversation": [{"sender", "fragments": [str | {"t", "value", "metadata"}]}]}``."""
     where = sample_where(sample)
     turns = field_list(payload(sample, where), "conversation", where)
-    messages = []
+    messages, media, members_used = [], [], []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise DataError(where, f"turn {i} must be an object with 'sender' and 'fragments'")
@@ -86,13 +97,31 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
             elif isinstance(frag, dict) and frag.get("t") == "text":
                 parts.append(text_of(frag.get("value"), where, f"turn {i} fragment {j} value"))
             elif isinstance(frag, dict) and frag.get("t") in MODALITIES:
-                raise DataError(where, f"turn {i} fragment {j} is {frag['t']} media; this version's encoder "
-                                       "handles text only")
+                ref = media_ref(sample, frag.get("value"), frag["t"], where, frag.get("metadata"))
+                if ref.name in members_used and ref.name in sample:
+                    raise DataError(where, f"turn {i} fragment {j} references member {ref.name!r} a second time")
+                members_used.append(ref.name)
+                media.append(ref)
+                parts.append(MediaPart(frag["t"], len(media) - 1))
             else:
-                raise DataError(where, f"turn {i} fragment {j} must be a string or {{'t': 'text', 'value': ...}}, "
-                                       f"got {frag!r:.80}")
-        messages.append(Message(role, ["".join(parts)]))
-    return _conversation(sample, messages, [0], where)
+                raise DataError(where, f"turn {i} fragment {j} must be a string or {{'t': 'text'|'image'|'video'|"
+                                       f"'audio', 'value': ...}}, got {frag!r:.80}")
+        messages.append(Message(role, _merge_text(parts)))
+    unused = [r.name for m in ("image", "video", "audio") for r in member_media(sample, m) if r.name not in members_used]
+    if unused:
+        raise DataError(where, f"media members {unused} are never referenced: every media item must be referenced once")
+    return _conversation(sample, messages, [0], where, media)
+
+
+def _merge_text(parts: list) -> list:
+    """Adjacent text parts joined."""
+    out: list = []
+    for p in parts:
+        if isinstance(p, str) and out and isinstance(out[-1], str):
+            out[-1] += p
+        else:
+            out.append(p)
+    return out or [""]
 
 
 @register("general_conversations")
@@ -100,15 +129,19 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
 def cook_general_conversations(sample: dict, **aux) -> Conversation:
     """LLaVA style ``{"conversations": [{"from", "value"}]}``."""
     where = sample_where(sample)
-    turns = field_list(payload(sample, where), "conversations", where)
+    obj = payload(sample, where)
+    turns = field_list(obj, "conversations", where)
+    queue = MediaQueue(where, {m: member_media(sample, m) + [path_media(sample, p, m, where)
+                                                             for p in field_paths(obj, m, where)]
+                               for m in MODALITIES})
     messages = []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise DataError(where, f"turn {i} must be an object with 'from' and 'value'")
         role = _role(turn.get("from"), where, i)
-        text = _reject_media_tags(text_of(turn.get("value"), where, f"turn {i} value"), where, i)
-        messages.append(Message(role, [text]))
-    return _conversation(sample, messages, [0], where)
+        text = text_of(turn.get("value"), where, f"turn {i} value")
+        messages.append(Message(role, _tagged_parts(text, queue)))
+    return _conversation(sample, messages, [0], where, queue.finish())
 
 
 def _openai_messages(sample: dict, where: str) -> list[Message]:

@@ -1,0 +1,121 @@
+"""Finding a sample's media for the cookers: WebDataset members or paths relative to the dataset.
+
+Nothing is decoded here: a ``MediaRef`` holds the member's bytes or the file path, and the task
+encoder reads headers (phase 1) and decodes (phase 2) later.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from energon_nemotron.errors import DataError
+from energon_nemotron.types import MediaPart, MediaRef
+
+EXTENSIONS = {
+    "image": ("jpg", "jpeg", "png", "webp"),
+    "video": ("mp4", "webm", "mkv", "mov"),
+    "audio": ("wav", "flac", "mp3", "ogg"),
+}
+#: JSONL fields holding media paths, per modality
+PATH_FIELDS = {
+    "image": ("image", "images"),
+    "video": ("video", "videos"),
+    "audio": ("audio", "audios", "sound", "speech", "audio_filepath"),
+}
+
+
+def modality_of(name: str) -> Optional[str]:
+    """``image`` / ``video`` / ``audio`` from a member or file name's extension, else None."""
+    ext = name.rsplit(".", 1)[-1].lower()
+    return next((m for m, exts in EXTENSIONS.items() if ext in exts), None)
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def member_media(sample: dict, modality: str) -> list[MediaRef]:
+    """The sample's members of ``modality`` (by extension), in natural name order."""
+    names = sorted((k for k in sample if not k.startswith("__") and modality_of(k) == modality), key=_natural)
+    return [MediaRef(modality, sample[k], {}, name=k) for k in names]
+
+
+def dataset_root(sample: dict, where: str) -> Path:
+    """The folder that relative media paths of a sample are resolved against: the dataset folder
+    (the JSONL file's folder for a JSONL dataset)."""
+    sources = sample.get("__sources__") or ()
+    if not sources:
+        raise DataError(where, "cannot resolve a media path: the sample has no source information")
+    path = Path(str(sources[0].dataset_path))
+    return path.parent if path.suffix == ".jsonl" or path.is_file() else path
+
+
+def path_media(sample: dict, value: Any, modality: str, where: str) -> MediaRef:
+    """A media file named by a path relative to the dataset folder; a path that escapes the folder,
+    or that does not exist, is an error."""
+    if not isinstance(value, str) or not value:
+        raise DataError(where, f"{modality} path must be a non-empty string, got {value!r}")
+    root = dataset_root(sample, where).resolve()
+    path = (root / value).resolve()
+    if path != root and root not in path.parents:
+        raise DataError(where, f"{modality} path {value!r} escapes the dataset folder")
+    if not path.is_file():
+        raise DataError(where, f"{modality} file {value!r} not found under the dataset folder")
+    return MediaRef(modality, path, {}, name=value)
+
+
+def media_ref(sample: dict, value: Any, modality: str, where: str, metadata: Optional[dict] = None) -> MediaRef:
+    """A member of the sample named ``value`` (e.g. ``"0.jpg"`` or ``"jpg"``), else a path."""
+    if isinstance(value, str) and value in sample and not value.startswith("__"):
+        ref = MediaRef(modality, sample[value], {}, name=value)
+    else:
+        ref = path_media(sample, value, modality, where)
+    if metadata:
+        if not isinstance(metadata, dict):
+            raise DataError(where, f"{modality} metadata must be an object, got {type(metadata).__name__}")
+        ref = MediaRef(ref.modality, ref.payload, dict(metadata), ref.name)
+    return ref
+
+
+def field_paths(obj: dict, modality: str, where: str) -> list[str]:
+    """Media paths of a JSON object's fields for ``modality`` (a string or a list of strings)."""
+    out: list[str] = []
+    for name in PATH_FIELDS[modality]:
+        value = obj.get(name)
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if not isinstance(v, str):
+                raise DataError(where, f"field {name!r} must hold paths (strings), got {type(v).__name__}")
+            out.append(v)
+    return out
+
+
+class MediaQueue:
+    """Hands out a sample's media items of each modality in order, and checks that every item is
+    referenced exactly once."""
+
+    def __init__(self, where: str, items: dict[str, list[MediaRef]]) -> None:
+        self.where = where
+        self.items = items
+        self.used = {m: 0 for m in items}
+        self.media: list[MediaRef] = []
+
+    def take(self, modality: str) -> MediaPart:
+        available = self.items.get(modality, [])
+        k = self.used.get(modality, 0)
+        if k >= len(available):
+            raise DataError(self.where, f"more {modality} references than {modality} items ({len(available)})")
+        self.used[modality] = k + 1
+        self.media.append(available[k])
+        return MediaPart(modality, len(self.media) - 1)
+
+    def finish(self) -> list[MediaRef]:
+        for modality, available in self.items.items():
+            if self.used.get(modality, 0) != len(available):
+                raise DataError(self.where, f"{self.used.get(modality, 0)} {modality} references but "
+                                            f"{len(available)} {modality} items: every item must be referenced once")
+        return self.media

@@ -1,0 +1,1 @@
+"""Media (image, video, audio) planning and decoding for the task encoders."""

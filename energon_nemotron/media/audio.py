@@ -1,0 +1,299 @@
+"""Audio for Nemotron 3 Nano Omni: plan from metadata, decode to 16 kHz mono, Parakeet log-mel features.
+
+Plan (pre-encode, headers only): :func:`audio_metadata` + :func:`plan_audio` give the sample count,
+the 30 s clip split and the tokens per clip. Process (post-encode): :func:`process_audio` decodes
+(:func:`decode_audio`), forces the planned length, splits into the clips and runs
+``transformers.ParakeetFeatureExtractor`` (per-clip, per-feature normalised log-mel).
+
+Token rule: valid frames ``L // hop_length`` of each clip, then the FastConformer 8x subsampling
+(three stride-2 convs, kernel 3, pad 1): ``L <- (L - 1) // 2 + 1`` three times, at least 1 token.
+Not the HF model-card count ``1 + L // hop_length`` (physical frames): one token too many for many
+lengths (10 s: 126 vs 125).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, MediaError
+
+AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike]
+
+_CHUNK = 1 << 15            # native-rate mono samples gathered before one resampler call
+_GROUP = 4                  # clips per feature-extractor call (bounds the STFT's memory)
+
+
+@dataclass(frozen=True)
+class AudioOptions:
+    """Audio preprocessing settings (defaults: Nemotron 3 Nano Omni / Parakeet-TDT-0.6B-v2)."""
+
+    sample_rate: int = 16000
+    clip_seconds: float = 30.0
+    min_clip_seconds: float = 0.1      # the last clip is zero-padded to at least this
+    max_seconds: float = 1800.0        # longer -> MediaError
+    num_mel_bins: int = 128
+    hop_length: int = 160
+    subsampling_layers: int = 3        # Parakeet 8x = three stride-2 convs (kernel 3, pad 1)
+    tolerance_seconds: float = 0.05    # allowed |decoded - metadata| length; then trimmed/zero-padded
+
+    def __post_init__(self) -> None:
+        if (min(self.sample_rate, self.hop_length, self.num_mel_bins, self.max_seconds) <= 0
+                or not 0 < self.min_clip_seconds <= self.clip_seconds
+                or self.subsampling_layers < 0 or self.tolerance_seconds < 0):
+            raise ConfigError(f"invalid audio options: {self}")
+
+    @property
+    def clip_length(self) -> int:      # samples of a full clip (480000)
+        return int(round(self.clip_seconds * self.sample_rate))
+
+    @property
+    def min_clip_length(self) -> int:  # minimum samples of the last clip (1600)
+        return int(round(self.min_clip_seconds * self.sample_rate))
+
+
+@dataclass(frozen=True)
+class AudioPlan:
+    """What one audio item becomes, decided from metadata only.
+
+    ``num_samples = round(duration * options.sample_rate)`` (Python ``round``) is the exact length of
+    the processed waveform. Clips: ``clip_length`` samples each; the remainder forms the last clip,
+    zero-padded to ``min_clip_length`` (a whole item shorter than that is one padded clip).
+    ``frames_per_clip`` = ``1 + clip_length // hop_length`` (3001): the STFT frame count of a full clip,
+    i.e. the fixed padded frame axis ``F`` of the feature tensor.
+    """
+
+    duration: float
+    source_sample_rate: int
+    channels: int
+    num_samples: int
+    clip_samples: tuple[int, ...]
+    valid_frames: tuple[int, ...]
+    tokens: tuple[int, ...]
+    frames_per_clip: int
+
+    @property
+    def num_clips(self) -> int:
+        return len(self.clip_samples)
+
+    @property
+    def num_tokens(self) -> int:       # audio placeholder tokens of the item (sum over clips)
+        return sum(self.tokens)
+
+
+def audio_tokens(valid_frames: int, layers: int = 3) -> int:
+    """Encoder output length for ``valid_frames`` mel frames: ``L <- (L - 1) // 2 + 1`` ``layers``
+    times (stride-2 conv, kernel 3, padding 1), at least 1."""
+    if valid_frames < 0:
+        raise ValueError(f"valid_frames must be >= 0, got {valid_frames}")
+    n = int(valid_frames)
+    for _ in range(layers):
+        n = (n - 1) // 2 + 1
+    return max(1, n)
+
+
+# FFmpeg's default probe reads up to 5 MB (about 30 ns a byte for WAV: 34 ms for a 20 s stereo file);
+# 32 KiB is enough for common audio headers, and an incomplete probe is retried with the defaults.
+_FAST_PROBE = {"probesize": "32768"}
+
+
+def _open_once(data: AudioSource, options: dict | None):
+    import av
+
+    try:
+        src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else os.fspath(data)
+        return av.open(src, mode="r", options=options)
+    except (av.FFmpegError, OSError, ValueError, EOFError) as e:
+        raise MediaError(f"cannot open audio: {e}") from e
+
+
+@contextlib.contextmanager
+def _open_audio(data: AudioSource):
+    """``(container, first audio stream)``; a quick probe first, the full FFmpeg probe when the quick
+    one misses the audio stream or its rate / channels. :class:`MediaError` if there is no audio."""
+    container = _open_once(data, _FAST_PROBE)
+    audio = container.streams.audio
+    if not (audio and audio[0].codec_context.sample_rate and audio[0].codec_context.channels):
+        container.close()
+        container = _open_once(data, None)
+    with container:
+        if not container.streams.audio:
+            raise MediaError("no audio stream")
+        yield container, container.streams.audio[0]
+
+
+# Header-less ADTS AAC: FFmpeg's duration is a bitrate guess, so packet durations are summed (demux only).
+_GUESSED_DURATION = frozenset({"aac"})
+
+
+def audio_metadata(data: AudioSource) -> dict:
+    """``{"duration": float seconds, "sample_rate": int, "channels": int}`` of the first audio stream.
+
+    Duration: the stream header (``stream.duration * time_base``), else the container's; ADTS sums
+    its packets' durations; only without any duration is the stream decoded to count samples.
+    Raises :class:`MediaError` for unreadable data, no audio stream or zero length.
+    """
+    import av
+
+    with _open_audio(data) as (container, stream):
+        cc = stream.codec_context
+        rate, channels = int(cc.sample_rate or 0), int(cc.channels or 0)
+        try:
+            if container.format.name in _GUESSED_DURATION:
+                duration = float(sum(p.duration or 0 for p in container.demux(stream)) * stream.time_base)
+            elif stream.duration is not None and stream.time_base is not None:
+                duration = float(stream.duration * stream.time_base)
+            elif container.duration is not None:
+                duration = container.duration / av.time_base
+            else:
+                duration = sum(f.samples for f in container.decode(stream)) / rate if rate else 0.0
+        except av.FFmpegError as e:
+            raise MediaError(f"cannot read audio: {e}") from e
+    if rate <= 0 or channels <= 0:
+        raise MediaError(f"audio stream without sample rate / channels ({rate} Hz, {channels} ch)")
+    if not duration > 0:
+        raise MediaError("audio has zero length")
+    return {"duration": duration, "sample_rate": rate, "channels": channels}
+
+
+def plan_audio(metadata: dict, options: AudioOptions = AudioOptions()) -> AudioPlan:
+    """The :class:`AudioPlan` for ``metadata`` (as from :func:`audio_metadata`); no decoding.
+
+    Raises :class:`MediaError` for an empty item or one longer than ``options.max_seconds``.
+    """
+    duration = float(metadata["duration"])
+    if not math.isfinite(duration) or duration <= 0:
+        raise MediaError(f"audio duration {duration} s is empty or invalid")
+    if duration > options.max_seconds:
+        raise MediaError(f"audio is {duration:.2f} s, over the {options.max_seconds:g} s limit")
+    num_samples = int(round(duration * options.sample_rate))
+    if num_samples <= 0:
+        raise MediaError(f"audio duration {duration} s rounds to zero samples")
+    clip, tail = options.clip_length, options.min_clip_length
+    full, rem = divmod(max(num_samples, tail), clip)
+    sizes = [clip] * full + ([max(rem, tail)] if rem else [])
+    frames = tuple(s // options.hop_length for s in sizes)
+    if min(frames) < 2:     # per-feature normalisation needs two frames (sample std)
+        raise MediaError(f"a clip of {min(sizes)} samples has fewer than 2 mel frames")
+    return AudioPlan(duration=duration, source_sample_rate=int(metadata.get("sample_rate", 0)),
+                     channels=int(metadata.get("channels", 0)), num_samples=num_samples, clip_samples=tuple(sizes),
+                     valid_frames=frames, tokens=tuple(audio_tokens(f, options.subsampling_layers) for f in frames),
+                     frames_per_clip=1 + clip // options.hop_length)
+
+
+def _to_mono(frame) -> np.ndarray:
+    """A decoded frame as float32 mono ``[samples]``: the channel mean, integer formats scaled to
+    [-1, 1) as FFmpeg does (s16: x / 32768, u8: (x - 128) / 128). One matrix-vector product."""
+    a = frame.to_ndarray()                # planar: [C, n]; packed: [1, n * C]
+    c, kind = frame.layout.nb_channels, a.dtype.kind
+    scale = 1.0 if kind == "f" else 1.0 / 2 ** (8 * a.dtype.itemsize - 1)
+    x = a.astype(np.float32, copy=False)
+    if c == 1:
+        mono = x.reshape(-1) * np.float32(scale) if scale != 1.0 else x.reshape(-1)
+    else:
+        w = np.full(c, scale / c, dtype=np.float32)
+        mono = w @ x if frame.format.is_planar else x.reshape(-1, c) @ w
+    return mono - np.float32(1.0) if kind == "u" else mono
+
+
+def decode_audio(data: AudioSource, options: AudioOptions = AudioOptions()) -> np.ndarray:
+    """Decode the first audio stream (any container, e.g. an MP4 with video) to float32 ``[n]`` mono
+    at ``options.sample_rate``: channel mean, then ``av.AudioResampler`` (flt, mono), flushed at the
+    end. Raises :class:`MediaError` for unreadable data or when nothing decodes."""
+    import av
+
+    out: list[np.ndarray] = []
+    pending: list[np.ndarray] = []
+    rate = resampler = None
+
+    def feed(final: bool) -> None:      # resample the gathered mono samples; flush at the end
+        if pending:
+            frame = av.AudioFrame.from_ndarray(np.concatenate(pending)[None, :], format="flt", layout="mono")
+            frame.sample_rate = rate
+            pending.clear()
+            out.extend(o.to_ndarray()[0] for o in resampler.resample(frame))
+        if final and resampler is not None:
+            out.extend(o.to_ndarray()[0] for o in resampler.resample(None))
+
+    with _open_audio(data) as (container, stream):
+        try:
+            gathered = 0
+            for frame in container.decode(stream):
+                if frame.sample_rate != rate:       # first frame, or a mid-stream rate change
+                    feed(final=True)
+                    rate = frame.sample_rate
+                    resampler = av.AudioResampler(format="flt", layout="mono", rate=options.sample_rate)
+                pending.append(_to_mono(frame))
+                gathered += frame.samples
+                if gathered >= _CHUNK:
+                    feed(final=False)
+                    gathered = 0
+            feed(final=True)
+        except av.FFmpegError as e:
+            raise MediaError(f"cannot decode audio: {e}") from e
+    if not out:
+        raise MediaError("audio decodes to zero samples")
+    return np.concatenate(out).astype(np.float32, copy=False)
+
+
+_EXTRACTORS: dict = {}     # (mel bins, sample rate, hop) -> ParakeetFeatureExtractor, one per process
+
+
+def _extractor(options: AudioOptions):
+    """The cached ``ParakeetFeatureExtractor`` for these options (``setdefault``: one instance even
+    when two threads build it at once)."""
+    key = (options.num_mel_bins, options.sample_rate, options.hop_length)
+    ex = _EXTRACTORS.get(key)
+    if ex is None:
+        from transformers import ParakeetFeatureExtractor
+
+        ex = _EXTRACTORS.setdefault(key, ParakeetFeatureExtractor(
+            feature_size=options.num_mel_bins, sampling_rate=options.sample_rate, hop_length=options.hop_length))
+    return ex
+
+
+def process_audio(data: AudioSource, plan: AudioPlan,
+                  options: AudioOptions = AudioOptions()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode ``data`` and compute the Parakeet features of every planned clip.
+
+    Returns ``features`` float32 ``[num_clips, F, num_mel_bins]`` (``F = plan.frames_per_clip``; frames
+    past a clip's valid ones are 0, as the extractor leaves them) and ``lengths`` int64 ``[num_clips]``
+    (``plan.valid_frames``). The waveform is trimmed / zero-padded to ``plan.num_samples``; a difference
+    over ``options.tolerance_seconds`` raises :class:`MediaError`. Each clip is featurised as the
+    extractor does it for that clip alone (equal-sized clips batched).
+    """
+    wave = decode_audio(data, options)
+    sr = options.sample_rate
+    if abs(wave.shape[0] - plan.num_samples) > options.tolerance_seconds * sr + 1e-6:
+        raise MediaError(f"metadata says {plan.num_samples / sr:.3f} s but the audio decodes to "
+                         f"{wave.shape[0] / sr:.3f} s")
+    padded = np.zeros(sum(plan.clip_samples), dtype=np.float32)
+    keep = min(wave.shape[0], plan.num_samples)
+    padded[:keep] = wave[:keep]
+    starts = np.cumsum((0,) + plan.clip_samples[:-1])
+    clips = [padded[s:s + n] for s, n in zip(starts, plan.clip_samples)]
+
+    features = torch.zeros(plan.num_clips, plan.frames_per_clip, options.num_mel_bins, dtype=torch.float32)
+    ex = _extractor(options)
+    by_size: dict[int, list[int]] = {}
+    for i, n in enumerate(plan.clip_samples):
+        by_size.setdefault(n, []).append(i)
+    for idx in by_size.values():
+        for g in range(0, len(idx), _GROUP):
+            group = idx[g:g + _GROUP]
+            out = ex([clips[i] for i in group], sampling_rate=sr, padding="longest",
+                     return_attention_mask=True, return_tensors="pt")
+            valid = out["attention_mask"].sum(-1).tolist()
+            want = [plan.valid_frames[i] for i in group]
+            if valid != want:
+                raise AssertionError(f"extractor gives {valid} valid frames, the plan says {want}")
+            feats = out["input_features"]
+            features[group, :feats.shape[1]] = feats.to(torch.float32)
+    return features, torch.tensor(plan.valid_frames, dtype=torch.int64)

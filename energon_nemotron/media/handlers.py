@@ -1,0 +1,168 @@
+"""Media in the task encoder: metadata → plan → placeholder tokens (phase 1), decode → tensors (phase 2).
+
+Phase 1 (``preencode_sample``) reads only headers: an image's size, a video's duration, frame count
+and fps, an audio's duration and sample rate. The plan fixes every token count, so the packer sees
+exact costs before anything is decoded. Phase 2 (``postencode_sample``) decodes only the media of
+samples selected into a pack, and checks that what it produced matches the plan.
+
+Placeholders (token ids spliced where a message references the item):
+
+- image: ``<img>`` + ``<image>`` × tokens + ``</img>``
+- video: ``This is a video:\\n``, then per tubelet ``Frame 1 sampled at … seconds and frame 2 sampled at
+  … seconds: `` + ``<img>`` + ``<image>`` × tokens + ``</img>``, tubelets separated by ``\\n``
+- audio: ``<so_start>`` + ``<so_embedding>`` × tokens + ``<so_end>``
+
+Each text piece is tokenized on its own, so nothing merges across a placeholder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from energon_nemotron.errors import ConfigError, MediaError
+from energon_nemotron.types import MediaRef
+
+#: placeholder token strings that must be single tokens of the tokenizer (and never appear in text)
+PLACEHOLDER_TOKENS = ("<img>", "</img>", "<image>", "<so_start>", "<so_embedding>", "<so_end>")
+VIDEO_INTRO = "This is a video:\n"
+
+
+@dataclass
+class PlannedMedia:
+    """One media item after phase 1: its plan and the token ids of its placeholder.
+
+    ``token_start`` (position of the placeholder's first id inside its source) and ``source`` are
+    filled in by tokenization; ``embedding_positions`` are the placeholder ids the model replaces.
+    """
+
+    index: int
+    modality: str
+    plan: Any
+    placeholder: list[int]
+    num_tokens: int
+    source: int = 0
+    token_start: int = 0
+
+    def describe(self) -> dict:
+        """The preview's view: kind, and grid / frames / clips."""
+        p = self.plan
+        out: dict[str, Any] = {"kind": self.modality, "num_tokens": self.num_tokens}
+        if self.modality == "image":
+            out["grid"] = [p.grid_h, p.grid_w]
+            if p.num_units > 1:
+                out["tiles"] = p.num_units
+        elif self.modality == "video":
+            out["frames"] = p.num_frames
+            out["grid"] = [p.grid_h, p.grid_w]
+        else:
+            out["clips"] = p.num_clips
+        return out
+
+
+def read_payload(ref: MediaRef) -> bytes | str | os.PathLike:
+    """The item's bytes or file path (an object with ``.get()``, e.g. an Energon ``Lazy``, is resolved)."""
+    payload = ref.payload
+    if hasattr(payload, "get") and not isinstance(payload, (bytes, dict)):
+        payload = payload.get()
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    if isinstance(payload, (str, os.PathLike)):
+        return payload
+    raise MediaError(f"{ref.modality} {ref.name or ''}: unsupported payload type {type(payload).__name__}")
+
+
+@dataclass
+class MediaHandlers:
+    """Plans and processes media with per-modality options (dataclasses from ``media.image``,
+    ``media.video`` and ``media.audio``)."""
+
+    tokenizer: Any
+    text: Any                                   # TextEncoder of the tokenizer
+    image_options: Any
+    video_options: Any
+    audio_options: Any
+    decodes: dict = field(default_factory=lambda: {"image": 0, "video": 0, "audio": 0})
+    _ids: Optional[dict] = None
+
+    def ids(self) -> dict[str, int]:
+        """Ids of the placeholder tokens (each must be one token of the vocabulary)."""
+        if self._ids is None:
+            vocab = self.tokenizer.get_vocab()
+            missing = [t for t in PLACEHOLDER_TOKENS if t not in vocab]
+            if missing:
+                raise ConfigError(f"the tokenizer has no single token for {missing}; media placeholders need them")
+            self._ids = {t: vocab[t] for t in PLACEHOLDER_TOKENS}
+        return self._ids
+
+    # -- phase 1 ---------------------------------------------------------------------------------
+    def plan(self, ref: MediaRef, index: int) -> PlannedMedia:
+        """Plan one item from its metadata (headers are read when the cooker did not provide them)."""
+        ids = self.ids()
+        if ref.modality == "image":
+            from energon_nemotron.media.image import image_header_size, plan_image
+
+            md = ref.metadata
+            if "width" in md and "height" in md:
+                width, height = int(md["width"]), int(md["height"])
+            else:
+                width, height = image_header_size(read_payload(ref))
+            plan = plan_image(width, height, self.image_options)
+            n = plan.num_tokens
+            return PlannedMedia(index, "image", plan, [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]], n)
+        if ref.modality == "video":
+            from energon_nemotron.media.video import plan_video, video_metadata, video_prompt
+
+            md = ref.metadata if {"width", "height", "duration", "fps"} <= set(ref.metadata) else video_metadata(read_payload(ref))
+            plan = plan_video(md, self.video_options)
+            prompt = video_prompt(plan)
+            pieces = self.text.encode_many([VIDEO_INTRO] + [text for text, _ in prompt] + ["\n"])
+            intro, texts, newline = pieces[0], pieces[1:-1], pieces[-1]
+            tokens = list(intro)
+            for k, (piece, (_, n)) in enumerate(zip(texts, prompt)):
+                if k:
+                    tokens += newline
+                tokens += piece + [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]]
+            return PlannedMedia(index, "video", plan, tokens, plan.num_tokens)
+        if ref.modality == "audio":
+            from energon_nemotron.media.audio import audio_metadata, plan_audio
+
+            md = ref.metadata if {"duration", "sample_rate"} <= set(ref.metadata) else audio_metadata(read_payload(ref))
+            plan = plan_audio(md, self.audio_options)
+            n = plan.num_tokens
+            return PlannedMedia(index, "audio", plan,
+                                [ids["<so_start>"]] + [ids["<so_embedding>"]] * n + [ids["<so_end>"]], n)
+        raise MediaError(f"unknown modality {ref.modality!r}")
+
+    # -- phase 2 ---------------------------------------------------------------------------------
+    def process(self, ref: MediaRef, planned: PlannedMedia) -> dict[str, torch.Tensor]:
+        """Decode one planned item. Visual: ``pixels`` float32 [P, 3·p·p], ``sizes`` int32 [units, 2]
+        (patch grid per image, tile or frame); audio: ``features`` float32 [clips, F, mel],
+        ``lengths`` int64 [clips]. The result is checked against the plan."""
+        payload = read_payload(ref)
+        plan = planned.plan
+        self.decodes[planned.modality] += 1
+        if planned.modality == "audio":
+            from energon_nemotron.media.audio import process_audio
+
+            features, lengths = process_audio(payload, plan, self.audio_options)
+            if features.shape[0] != plan.num_clips:
+                raise MediaError(f"audio decoded into {features.shape[0]} clips, {plan.num_clips} planned")
+            return {"features": features, "lengths": lengths.to(torch.int64)}
+        if planned.modality == "image":
+            from energon_nemotron.media.image import process_image
+
+            pixels = process_image(payload, plan)
+            units = plan.num_units
+        else:
+            from energon_nemotron.media.video import process_video
+
+            pixels = process_video(payload, plan, self.video_options)
+            units = plan.num_tubelets * self.video_options.temporal_patch
+        if pixels.shape[0] != plan.num_patches:
+            raise MediaError(f"{planned.modality} decoded into {pixels.shape[0]} patches, {plan.num_patches} planned")
+        sizes = torch.tensor([[plan.grid_h, plan.grid_w]] * units, dtype=torch.int32)
+        return {"pixels": pixels, "sizes": sizes}

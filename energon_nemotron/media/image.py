@@ -1,0 +1,285 @@
+"""Image planning (from the header only) and preprocessing into pre-patchified ViT rows.
+
+Two layouts, both for RADIO ViT-H/16 with 2x2 pixel shuffle (see the notes, §1):
+
+* ``dynamic`` — Nemotron 3 Nano Omni "dynamic native resolution": one resize to a patch grid close to
+  the native size, between ``min_patches`` and ``max_patches`` patches, even sides.
+* ``tiling`` — InternVL tiling of Llama-3.1-Nemotron-Nano-VL / Nemotron-Nano-12B-v2-VL: the closest
+  ``i x j`` tile grid (``i`` tiles across, ``j`` down, ``1 <= i*j <= max_tiles``), plus a thumbnail.
+
+:func:`plan_image` decides the geometry and the LLM token count from ``(width, height)`` alone, so
+token budgeting can run before decoding; :func:`process_image` decodes and produces
+``float32 [num_patches, 3*P*P]``: PIL bicubic resize of the RGB image, ``/255``, OpenAI-CLIP
+mean/std, then patches in raster order, each flattened in ``(C, P, P)`` order. The arithmetic is
+``(v / 255 - mean) / std`` in float32, bit for bit what ``ToTensor`` + ``Normalize`` compute.
+
+EXIF orientation (tag 0x0112, read from the header, never after decoding) is applied by both
+:func:`image_header_size` and :func:`process_image`; unreadable EXIF counts as no orientation.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import numbers
+import os
+import struct
+from dataclasses import dataclass
+from typing import Literal, Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+from energon_nemotron.errors import ConfigError, MediaError
+
+__all__ = ["CLIP_MEAN", "CLIP_STD", "ImageOptions", "ImagePlan", "image_header_size", "plan_image",
+           "process_image", "patchify"]
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_MEAN = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(1, 3, 1)
+_STD = torch.tensor(CLIP_STD, dtype=torch.float32).view(1, 3, 1)
+
+ImageSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+_ORIENTATION_TAG = 0x0112
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How images become patches. ``dynamic`` uses ``min_patches``/``max_patches`` (the budget);
+    ``tiling`` uses ``tile_size``/``max_tiles``/``use_thumbnail``. ``max_pixels`` bounds the source
+    size (checked on the header, before decoding). Invalid values raise ``ConfigError``."""
+
+    mode: Literal["dynamic", "tiling"] = "dynamic"
+    patch_size: int = 16
+    min_patches: int = 1024
+    max_patches: int = 13312
+    downsample: int = 2
+    tile_size: int = 512
+    max_tiles: int = 12
+    use_thumbnail: bool = True
+    max_pixels: int = 89_478_485
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("dynamic", "tiling"):
+            raise ConfigError(f"image mode must be 'dynamic' or 'tiling', not {self.mode!r}")
+        for name in ("patch_size", "min_patches", "max_patches", "downsample", "tile_size", "max_tiles",
+                     "max_pixels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"image option {name} must be a positive int, not {value!r}")
+        if self.max_patches < self.downsample ** 2:
+            raise ConfigError(f"max_patches {self.max_patches} < downsample**2 = {self.downsample ** 2}")
+        if self.tile_size % (self.patch_size * self.downsample):
+            raise ConfigError(f"tile_size {self.tile_size} is not a multiple of patch_size * downsample "
+                              f"= {self.patch_size * self.downsample}")
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """Geometry of one image, decided from its size only.
+
+    ``width``/``height``: source size after EXIF orientation. ``grid_h``/``grid_w``: patch grid of ONE
+    unit (the resized image in dynamic mode, one tile in tiling mode). ``num_units``: 1 (dynamic) or
+    tiles plus thumbnail (tiling). ``tiles_w``/``tiles_h``: the tile grid (1, 1 in dynamic mode).
+    ``num_tokens``: LLM tokens after pixel shuffle. ``patch_size``: pixels per patch side (an addition
+    to the data-model fields, needed to process without the options)."""
+
+    width: int
+    height: int
+    grid_h: int
+    grid_w: int
+    num_units: int
+    tiles_w: int
+    tiles_h: int
+    num_tokens: int
+    patch_size: int = 16
+
+    @property
+    def num_patches(self) -> int:
+        """Rows of :func:`process_image`'s output: ``num_units * grid_h * grid_w``."""
+        return self.num_units * self.grid_h * self.grid_w
+
+    @property
+    def has_thumbnail(self) -> bool:
+        """True when the last unit is a whole-image thumbnail (tiling mode, more than one tile)."""
+        return self.num_units > self.tiles_w * self.tiles_h
+
+    @property
+    def unit_size(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels of one unit."""
+        return self.grid_w * self.patch_size, self.grid_h * self.patch_size
+
+
+def _orientation(im: Image.Image) -> int:
+    """EXIF orientation 1..8 from what the header already holds (the base ``getexif``: a PNG's own
+    ``getexif`` would decode the image to look for an eXIf chunk after the pixel data)."""
+    try:
+        value = Image.Image.getexif(im).get(_ORIENTATION_TAG, 1)
+    except (*_DECODE_ERRORS, KeyError, TypeError, IndexError):
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _open(source: ImageSource) -> Image.Image:
+    """Open (header only) from bytes or a path; failures become ``MediaError``."""
+    try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return Image.open(io.BytesIO(source))
+        return Image.open(os.fspath(source))
+    except _DECODE_ERRORS as e:
+        raise MediaError(f"cannot read image header: {type(e).__name__}: {e}") from None
+
+
+def _oriented_size(im: Image.Image, orientation: int) -> tuple[int, int]:
+    w, h = im.size
+    return (h, w) if orientation >= 5 else (w, h)
+
+
+def image_header_size(data: ImageSource) -> tuple[int, int]:
+    """``(width, height)`` from the header only (no pixel decoding), swapped for EXIF orientations
+    5-8. Raises ``MediaError("cannot read image header: ...")`` for unreadable or unknown formats."""
+    with _open(data) as im:
+        return _oriented_size(im, _orientation(im))
+
+
+def _dynamic_grid(width: int, height: int, o: ImageOptions) -> tuple[int, int]:
+    """Omni ``get_patch_grid_size``: native grid with Python (banker's) ``round(x + 0.5)``, scaled
+    down to ``max_patches``, up to ``min_patches``, then sides made multiples of ``downsample``."""
+    m, budget, least = o.downsample, o.max_patches, o.min_patches
+    gh, gw = round(height / o.patch_size + 0.5), round(width / o.patch_size + 0.5)
+    shrink = min(math.sqrt(budget / (gh * gw)), 1.0)
+    # a side floored to 0 (aspect beyond ~1:budget) is kept at 1; the reference divides by zero there
+    gh, gw = max(1, math.floor(shrink * gh)), max(1, math.floor(shrink * gw))
+    if budget > least and gh * gw < least:
+        grow = math.sqrt(least / (gh * gw))
+        gh, gw = math.ceil(grow * gh), math.ceil(grow * gw)
+    if gh % m:
+        up = gh + m - gh % m
+        gh = up if up * gw <= budget else max(m, gh - gh % m)
+    if gw % m:
+        up = gw + m - gw % m
+        gw = up if gh * up <= budget else max(m, gw - gw % m)
+    if gh * gw > budget:
+        raise MediaError(f"image {width}x{height}: aspect ratio too extreme for max_patches {budget} "
+                         f"({gh}x{gw} patches)")
+    return gh, gw
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_grids(max_tiles: int) -> tuple[tuple[int, int], ...]:
+    """``(i, j)`` with ``1 <= i*j <= max_tiles`` ordered by ``i*j``, equal products in the order the
+    InternVL set yields them (built with the same insertions, so ties resolve identically)."""
+    grids = set()
+    for n in range(1, max_tiles + 1):
+        for i in range(1, n + 1):
+            for j in range(1, n + 1):
+                if 1 <= i * j <= max_tiles:
+                    grids.add((i, j))
+    return tuple(sorted(grids, key=lambda g: g[0] * g[1]))
+
+
+def _tile_grid(width: int, height: int, o: ImageOptions) -> tuple[int, int]:
+    """InternVL ``find_closest_aspect_ratio``: least ``|w/h - i/j|``; on an exact tie the later
+    (larger) grid wins only if the image area exceeds half of the grid's pixel area."""
+    aspect, area = width / height, width * height
+    best, best_diff = (1, 1), math.inf
+    for i, j in _tile_grids(o.max_tiles):
+        diff = abs(aspect - i / j)
+        if diff < best_diff:
+            best, best_diff = (i, j), diff
+        elif diff == best_diff and area > 0.5 * o.tile_size * o.tile_size * i * j:
+            best = (i, j)
+    return best
+
+
+def plan_image(width: int, height: int, options: ImageOptions = ImageOptions()) -> ImagePlan:
+    """The :class:`ImagePlan` for a ``width`` x ``height`` image (after EXIF orientation), from the
+    size alone. Raises ``MediaError`` for a non-positive size or more than ``max_pixels`` pixels."""
+    if not (isinstance(width, numbers.Integral) and isinstance(height, numbers.Integral)) or min(width, height) < 1:
+        raise MediaError(f"invalid image size {width!r}x{height!r}")
+    width, height = int(width), int(height)
+    if width * height > options.max_pixels:
+        raise MediaError(f"image {width}x{height} = {width * height} pixels exceeds max_pixels "
+                         f"{options.max_pixels} (decompression-bomb guard)")
+    shuffle = options.downsample ** 2
+    if options.mode == "dynamic":
+        gh, gw = _dynamic_grid(width, height, options)
+        return ImagePlan(width, height, gh, gw, 1, 1, 1, gh * gw // shuffle, options.patch_size)
+    tw, th = _tile_grid(width, height, options)
+    units = tw * th + (1 if options.use_thumbnail and tw * th > 1 else 0)
+    g = options.tile_size // options.patch_size
+    return ImagePlan(width, height, g, g, units, tw, th, units * g * g // shuffle, options.patch_size)
+
+
+def _decode_rgb(im: Image.Image, orientation: int) -> Image.Image:
+    """Decode, convert to RGB (alpha dropped, as ``convert("RGB")`` does) and apply the orientation."""
+    try:
+        im.load()
+        rgb = im if im.mode == "RGB" else im.convert("RGB")
+    except _DECODE_ERRORS as e:
+        raise MediaError(f"cannot decode image: {type(e).__name__}: {e}") from None
+    return rgb.transpose(_TRANSPOSE[orientation]) if orientation != 1 else rgb
+
+
+def _resized(im: Image.Image, size: tuple[int, int]) -> np.ndarray:
+    """uint8 ``[H, W, 3]`` of ``im`` resized (PIL bicubic) to ``size = (W, H)``."""
+    return np.asarray(im if im.size == size else im.resize(size, Image.Resampling.BICUBIC))
+
+
+def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> torch.Tensor:
+    """Decode ``image`` and return ``float32 [plan.num_patches, 3 * P * P]`` (``P = plan.patch_size``).
+
+    The header size (after EXIF orientation) must equal ``(plan.width, plan.height)``, checked before
+    any decoding, else ``MediaError`` (this is what keeps ``max_pixels`` effective). Units in order:
+    dynamic — the image resized to ``unit_size``; tiling — the image resized to ``(tiles_w * tile,
+    tiles_h * tile)`` and cut into row-major tiles, then the thumbnail (the whole image resized to one
+    tile). Each unit's patches are in raster order, each patch flattened as ``(C, P, P)``.
+    """
+    p, gh, gw = plan.patch_size, plan.grid_h, plan.grid_w
+    tiles = plan.tiles_w * plan.tiles_h
+    if plan.num_units not in (tiles, tiles + 1) or min(p, gh, gw, tiles) < 1:
+        raise ValueError(f"inconsistent image plan {plan}")
+    owned = not isinstance(image, Image.Image)
+    im = _open(image) if owned else image
+    try:
+        orientation = _orientation(im)
+        size = _oriented_size(im, orientation)
+        if size != (plan.width, plan.height):
+            raise MediaError(f"image is {size[0]}x{size[1]} but the plan is for {plan.width}x{plan.height}")
+        rgb = _decode_rgb(im, orientation)
+        uw, uh = plan.unit_size
+        u8 = np.empty((plan.num_units, gh, gw, 3, p, p), dtype=np.uint8)
+        whole = _resized(rgb, (plan.tiles_w * uw, plan.tiles_h * uh))
+        u8[:tiles].reshape(plan.tiles_h, plan.tiles_w, gh, gw, 3, p, p)[...] = (
+            whole.reshape(plan.tiles_h, gh, p, plan.tiles_w, gw, p, 3).transpose(0, 3, 1, 4, 6, 2, 5))
+        if plan.has_thumbnail:
+            u8[tiles] = _resized(rgb, (uw, uh)).reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3)
+    finally:
+        if owned:
+            im.close()
+    out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
+    planes = out.view(-1, 3, p * p)
+    torch.div(torch.from_numpy(u8).view(-1, 3, p * p), 255.0, out=planes)
+    planes.sub_(_MEAN).div_(_STD)
+    return out
+
+
+def patchify(pixels: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """``[C, H, W]`` -> ``[(H/P) * (W/P), C * P * P]``: patches in raster order (row ``r``, column
+    ``c`` is row ``r * W/P + c``), each the block ``pixels[:, rP:(r+1)P, cP:(c+1)P]`` flattened in
+    ``(C, P, P)`` order. Same dtype; ``H`` and ``W`` must be multiples of ``P``."""
+    if pixels.dim() != 3:
+        raise ValueError(f"patchify expects [C, H, W], got shape {tuple(pixels.shape)}")
+    c, h, w = pixels.shape
+    if h % patch_size or w % patch_size:
+        raise ValueError(f"image {h}x{w} is not a multiple of patch size {patch_size}")
+    gh, gw = h // patch_size, w // patch_size
+    return (pixels.reshape(c, gh, patch_size, gw, patch_size).permute(1, 3, 0, 2, 4)
+            .reshape(gh * gw, c * patch_size * patch_size))

@@ -1,0 +1,157 @@
+"""Media end to end: real image/video/audio files in ``energon prepare``d shards → two-phase
+encoding → ``PackedBatch`` whose placeholder runs match the media tensors one to one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import DEMO_TOKENIZER
+from energon_data import loader_yaml
+from energon_nemotron.demo.datasets import multimodal_dataset
+from energon_nemotron.loader import build_train_loader
+from energon_nemotron.preview import run_preview
+
+PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 4, "max_sequences_per_bin": None}
+SMALL_MEDIA = {"image": {"min_patches": 64, "max_patches": 256},
+               "video": {"target_patches": 64, "min_frames": 2, "max_frames": 4}}
+
+
+def runs_of(tokens: list[int], tid: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of ``tid``."""
+    out, i = [], 0
+    while i < len(tokens):
+        if tokens[i] == tid:
+            j = i
+            while j < len(tokens) and tokens[j] == tid:
+                j += 1
+            out.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def media_ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mm")
+    ds, keys = multimodal_dataset(root / "mm", n=15)
+    return root, keys
+
+
+def config(root, name="l.yaml", **kw):
+    return loader_yaml(root / name, {"path": "mm"}, packing=kw.pop("packing", PACKING), seq_length=2048,
+                       prompt_format=kw.pop("prompt_format", "nemotron6"),
+                       extra_options={**SMALL_MEDIA, **kw.pop("extra", {})}, **kw)
+
+
+def check_batch(batch, vocab):
+    batch.validate()
+    image_id, sound_id = vocab["<image>"], vocab["<so_embedding>"]
+    visual_runs, audio_runs = [], []
+    for r in range(batch.batch_size):
+        tokens = batch.tokens[r].tolist()
+        visual_runs += runs_of(tokens, image_id)
+        audio_runs += runs_of(tokens, sound_id)
+        for start, n in runs_of(tokens, image_id) + runs_of(tokens, sound_id):
+            assert batch.labels[r, start - 1:start + n].eq(-100).all()       # placeholders never trained
+    media = batch.media
+    spans = [s for row in batch.media_spans for s in row]
+    visual = [s for s in spans if s["kind"] != "audio"]
+    audio = [s for s in spans if s["kind"] == "audio"]
+    if visual:
+        pv, sizes = media["pixel_values"], media["image_sizes"]
+        assert len(pv) == len(visual) == len(sizes) == media["num_frames"].numel()
+        # one <image> run per image and per video tubelet, sized patches / 4, in tensor order
+        expected = []
+        for k, span in enumerate(visual):
+            rows = pv[k].shape[0]
+            grid = sizes[k]
+            assert rows == int((grid[:, 0] * grid[:, 1]).sum())
+            assert pv[k].shape[1] == 3 * 16 * 16 and pv[k].dtype == torch.float32
+            if span["kind"] == "image":
+                expected.append(rows // 4)
+                assert span["num_tokens"] == rows // 4
+            else:
+                tubelets = sizes[k].shape[0] // 2
+                per = int(grid[0, 0] * grid[0, 1]) // 4
+                expected += [per] * tubelets
+                assert span["num_tokens"] == per * tubelets and span["frames"] <= sizes[k].shape[0]
+        assert [n for _, n in visual_runs] == expected
+    else:
+        assert not visual_runs and "pixel_values" not in media
+    if audio:
+        feats, lengths = media["sound_features"], media["sound_lengths"]
+        assert len(feats) == len(audio) == len(lengths)
+        assert [n for _, n in audio_runs] == [s["num_tokens"] for s in audio]
+        for k in range(len(audio)):
+            assert feats[k].shape[-1] == 128 and feats[k].shape[0] == lengths[k].numel()
+    else:
+        assert not audio_runs
+    return len(visual), len(audio)
+
+
+def test_all_modalities_one_epoch(media_ds, demo_tokenizer):
+    root, keys = media_ds
+    vocab = demo_tokenizer.get_vocab()
+    got, n_visual, n_audio = [], 0, 0
+    for batch in build_train_loader(config(root), repeat=False):
+        v, a = check_batch(batch, vocab)
+        n_visual, n_audio = n_visual + v, n_audio + a
+        got += [k for row in batch.sample_keys for k in row]
+    assert sorted(got) == sorted(keys)
+    # 15 samples: kinds cycle text, image, 2 images, video, audio
+    assert n_visual == 3 * 1 + 3 * 2 + 3 and n_audio == 3
+
+
+def test_two_phase_decodes_only_selected_samples(media_ds):
+    """Counters: after k packs, the media decoded are exactly those of the samples in the packs."""
+    from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+    from megatron.energon.errors import reraise_exception
+
+    from energon_nemotron.config import load_config
+    from energon_nemotron.loader import build_task_encoder
+
+    root, _ = media_ds
+    cfg = load_config(config(root, packing={**PACKING, "buffer_size": 15}))
+    enc = build_task_encoder(cfg)
+    ds = get_train_dataset(str(cfg.data.train.path), split_part="train", batch_size=1, packing_buffer_size=15,
+                           shuffle_buffer_size=None, max_samples_per_sequence=None, task_encoder=enc, repeat=False,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0,
+                                                      global_error_handler=reraise_exception))
+    it = iter(get_savable_loader(ds, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None))
+    batch = next(it)
+    in_pack = len([s for row in batch.media_spans for s in row])
+    assert sum(enc.media.decodes.values()) == in_pack         # the other samples are only planned
+    seen = in_pack
+    for batch in it:
+        seen += len([s for row in batch.media_spans for s in row])
+        assert sum(enc.media.decodes.values()) == seen
+    assert seen == 15 // 5 * 5
+
+
+def test_preview_json_lists_media(media_ds, capsys):
+    root, _ = media_ds
+    assert run_preview(str(config(root, name="p.yaml")), as_json=True) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    media = [m for line in lines[:-1] for m in line["media"]]
+    kinds = sorted(m["kind"] for m in media)
+    assert kinds.count("image") == 9 and kinds.count("video") == 3 and kinds.count("audio") == 3
+    for m in media:
+        assert {"row", "kind", "sample_key", "token_start", "num_tokens"} <= set(m)
+        assert ("grid" in m) if m["kind"] == "image" else ("frames" in m if m["kind"] == "video" else "clips" in m)
+    assert run_preview(str(config(root, name="p.yaml")), batches=1, color="never") == 0
+    out = capsys.readouterr().out
+    assert "«<image>×" in out or "«<so_embedding>×" in out or "«" in out
+
+
+def test_without_packing_and_with_workers(media_ds, demo_tokenizer):
+    root, keys = media_ds
+    vocab = demo_tokenizer.get_vocab()
+    got = []
+    for batch in build_train_loader(config(root, name="w.yaml", packing=None, workers=2), repeat=False):
+        check_batch(batch, vocab)
+        got += [k for row in batch.sample_keys for k in row]
+    assert sorted(got) == sorted(keys)
