@@ -21,7 +21,7 @@ COOKER_YAMLS = sorted((CONFIGS / "datasets").glob("*.yaml"))
 def test_every_config_file_is_covered():
     names = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"))
     assert names == sorted([f"datasets/{p.name}" for p in COOKER_YAMLS]
-                           + ["loader_megatron_sft_packed.yaml", "loader_text.yaml"])
+                           + ["loader_megatron_sft_packed.yaml", "loader_multimodal.yaml", "loader_text.yaml"])
     assert [p.stem for p in COOKER_YAMLS] == ["general_conversations", "nemotron_conversation",
                                               "openai_messages", "openai_messages_offline_packed"]
 
@@ -56,3 +56,20 @@ def test_megatron_loader_config(tmp_path):
     batches = list(build_train_loader(load_config(raw, base=CONFIGS)))
     assert len(batches) == summary.rows
     assert sum(len(k) for b in batches for k in b.sample_keys) == summary.conversations
+
+
+def test_multimodal_loader_config(tmp_path):
+    from energon_nemotron.demo.datasets import multimodal_dataset
+
+    ds, keys = multimodal_dataset(tmp_path / "mm", n=10)
+    raw = yaml.safe_load((CONFIGS / "loader_multimodal.yaml").read_text())
+    raw["data"]["train"]["path"] = str(ds)
+    raw["loader"]["num_workers"] = 0
+    kinds = {}
+    got = []
+    for batch in build_train_loader(load_config(raw, base=CONFIGS), repeat=False):
+        batch.validate()
+        got += [k for row in batch.sample_keys for k in row]
+        for span in (s for row in batch.media_spans for s in row):
+            kinds[span["kind"]] = kinds.get(span["kind"], 0) + 1
+    assert sorted(got) == sorted(keys) and kinds == {"image": 6, "video": 2, "audio": 2}

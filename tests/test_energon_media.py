@@ -155,3 +155,44 @@ def test_without_packing_and_with_workers(media_ds, demo_tokenizer):
         check_batch(batch, vocab)
         got += [k for row in batch.sample_keys for k in row]
     assert sorted(got) == sorted(keys)
+
+
+def test_jsonl_dataset_with_media_paths_and_granary(tmp_path, demo_tokenizer):
+    from energon_data import energon
+    from energon_nemotron.demo.media import make_audio, make_image
+
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "clips").mkdir()
+    lines, asr = [], []
+    for i in range(4):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(make_image(90 + i * 10, 70, seed=i))
+        (tmp_path / "clips" / f"{i}.flac").write_bytes(make_audio(1.0 + i / 4, 22050, 1, seed=i, container="flac"))
+        lines.append({"conversations": [{"from": "human", "value": "<image>\nWhat colour? <audio>"},
+                                        {"from": "gpt", "value": f"Answer {i}."}],
+                      "image": f"imgs/{i}.jpg", "audio": f"clips/{i}.flac"})
+        asr.append({"audio_filepath": f"clips/{i}.flac", "text": f"transcript number {i}"})
+    for name, rows in (("chat.jsonl", lines), ("asr.jsonl", asr)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        energon("prepare", str(tmp_path / name))
+    vocab = demo_tokenizer.get_vocab()
+    for name, cooker, n_visual in (("chat.jsonl", "general_conversations", 4), ("asr.jsonl", "granary_asr", 0)):
+        cfg = loader_yaml(tmp_path / f"{cooker}.yaml", {"path": name}, packing=PACKING, seq_length=2048,
+                          prompt_format="nemotron-h", extra_options=SMALL_MEDIA, default_cooker=cooker)
+        visual = audio = samples = 0
+        for batch in build_train_loader(cfg, repeat=False):
+            v, a = check_batch(batch, vocab)
+            visual, audio, samples = visual + v, audio + a, samples + sum(map(len, batch.sample_keys))
+        assert (samples, visual, audio) == (4, n_visual, 4)
+
+
+def test_reserved_tag_in_text_is_rejected_with_the_key(tmp_path):
+    from energon_nemotron.demo.datasets import write_shards, prepare
+
+    bad = {"conversations": [{"from": "human", "value": "Say <so_embedding> please"}, {"from": "gpt", "value": "no"}]}
+    write_shards(tmp_path / "ds", [("forged-01", {"json": json.dumps(bad).encode()})])
+    prepare(tmp_path / "ds", {"cooker": "general_conversations"})
+    cfg = loader_yaml(tmp_path / "l.yaml", {"path": "ds"}, packing=PACKING, prompt_format="nemotron6")
+    from energon_nemotron.errors import DataError
+
+    with pytest.raises(DataError, match=r"^forged-01: message 0 \(user\) contains the reserved media tag <so_embedding>"):
+        list(build_train_loader(cfg, repeat=False))

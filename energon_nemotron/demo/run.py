@@ -71,43 +71,52 @@ def run_demo(out: str | Path = "demo_out", progress: bool = True) -> int:
     return 0 if ok else 1
 
 
-ENERGON_SAMPLES = 96
+ENERGON_SAMPLES = 60
+DEMO_MEDIA = {"image": {"min_patches": 256, "max_patches": 1024},
+              "video": {"target_patches": 256, "min_frames": 4, "max_frames": 8}}
 
 
 def run_energon_demo(out: Path, progress: bool) -> bool:
-    """Build a text dataset with ``energon prepare``, load one epoch through a loader config."""
+    """Build a text and a four-modality dataset with ``energon prepare``; read the multimodal one
+    for one epoch through a loader config and preview its first packed batch."""
     import shutil
 
     import yaml
 
-    from energon_nemotron.demo.datasets import text_dataset
+    from energon_nemotron.demo.datasets import multimodal_dataset, text_dataset
     from energon_nemotron.loader import build_train_loader
     from energon_nemotron.preview import run_preview
 
-    folder = out / "text_dataset"
-    shutil.rmtree(folder, ignore_errors=True)
-    _, keys = text_dataset(folder, "openai_messages", ENERGON_SAMPLES, seed=1, per_shard=32)
-    print(f"\n[4/5] wrote {ENERGON_SAMPLES} samples as WebDataset shards and ran `energon prepare` on "
-          f"{folder} (subflavors.cooker: openai_messages)")
+    for name in ("text_dataset", "multimodal_dataset"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    text_dataset(out / "text_dataset", "openai_messages", ENERGON_SAMPLES, seed=1, per_shard=32)
+    _, keys = multimodal_dataset(out / "multimodal_dataset", ENERGON_SAMPLES, seed=2, per_shard=20)
+    print(f"\n[4/5] wrote WebDataset shards and ran `energon prepare` on {out / 'text_dataset'} "
+          f"(cooker openai_messages) and {out / 'multimodal_dataset'} (cooker general_conversations: "
+          f"text, images, video, audio; {ENERGON_SAMPLES} samples each)")
     config = out / "loader.yaml"
     config.write_text(yaml.safe_dump({
         "tokenizer": str(TOKENIZER_DIR),
-        "task_encoder": {"name": "nemotron_multimodal", "options": {"prompt_format": "nemotron6", "seq_length": 2048}},
-        "packing": {"algorithm": "best_fit_decreasing", "buffer_size": 96, "pad_multiple": 8},
-        "data": {"train": {"path": "text_dataset", "split": "train"}},
+        "task_encoder": {"name": "nemotron_multimodal",
+                         "options": {"prompt_format": "nemotron6", "seq_length": 4096, **DEMO_MEDIA}},
+        "packing": {"algorithm": "best_fit_decreasing", "buffer_size": 64, "pad_multiple": 8},
+        "data": {"train": {"path": "multimodal_dataset", "split": "train"}},
         "loader": {"batch_size": 1, "num_workers": 0, "shuffle_buffer_size": 16, "seed": 1234},
     }, sort_keys=False))
     start = time.perf_counter()
     batches = samples = tokens = 0
+    kinds: dict = {}
     for batch in tqdm(build_train_loader(config, repeat=False), desc="packing", unit="pack", disable=not progress):
         batch.validate()
         batches += 1
         samples += sum(len(k) for k in batch.sample_keys)
         tokens += sum(int(c[-1]) for c in batch.cu_seqlens)
+        for span in (s for row in batch.media_spans for s in row):
+            kinds[span["kind"]] = kinds.get(span["kind"], 0) + 1
     seconds = time.perf_counter() - start
     print(f"[5/5] one epoch through {config} (nemotron_multimodal, nemotron6, best_fit_decreasing): "
-          f"{batches} packs of 2048, {samples}/{len(keys)} samples, fill {tokens / (batches * 2048):.2%}, "
-          f"{tokens / max(seconds, 1e-9):,.0f} tokens/s")
+          f"{batches} packs of 4096, {samples}/{len(keys)} samples, media {kinds}, "
+          f"fill {tokens / (batches * 4096):.2%}, {tokens / max(seconds, 1e-9):,.0f} tokens/s")
     print("\nFirst packed batch (`energon-nemotron preview " + str(config) + " --batches 1`):")
     run_preview(str(config), batches=1)
     return samples == len(keys)

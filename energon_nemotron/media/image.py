@@ -39,8 +39,9 @@ __all__ = ["CLIP_MEAN", "CLIP_STD", "ImageOptions", "ImagePlan", "image_header_s
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-_MEAN = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(1, 3, 1)
-_STD = torch.tensor(CLIP_STD, dtype=torch.float32).view(1, 3, 1)
+#: CLIP mean/std shaped [1, 3, 1] to broadcast over patch rows viewed as [N, 3, P*P] (image and video)
+MEAN_PLANES = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(1, 3, 1)
+STD_PLANES = torch.tensor(CLIP_STD, dtype=torch.float32).view(1, 3, 1)
 
 ImageSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 _ORIENTATION_TAG = 0x0112
@@ -267,7 +268,7 @@ def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> to
     out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
     planes = out.view(-1, 3, p * p)
     torch.div(torch.from_numpy(u8).view(-1, 3, p * p), 255.0, out=planes)
-    planes.sub_(_MEAN).div_(_STD)
+    planes.sub_(MEAN_PLANES).div_(STD_PLANES)
     return out
 
 

@@ -31,13 +31,12 @@ import torch
 from PIL import Image
 
 from energon_nemotron.errors import ConfigError, MediaError
+from energon_nemotron.media.image import MEAN_PLANES, STD_PLANES
 
 __all__ = ["VideoOptions", "VideoPlan", "video_metadata", "plan_video", "frame_timestamps", "video_prompt",
            "process_video"]
 
 VideoSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
-_MEAN = torch.tensor((0.48145466, 0.4578275, 0.40821073), dtype=torch.float32).view(1, 3, 1)
-_STD = torch.tensor((0.26862954, 0.26130258, 0.27577711), dtype=torch.float32).view(1, 3, 1)
 
 
 @dataclass(frozen=True)
@@ -253,7 +252,7 @@ def _patchify_into(dst: torch.Tensor, frame: np.ndarray, grid_h: int, grid_w: in
     (``float32 [grid_h*grid_w, 3*p*p]``, patches raster order, each ``(C, P, P)``)."""
     src = torch.from_numpy(frame).view(grid_h, p, grid_w, p, 3).permute(0, 2, 4, 1, 3)
     dst.view(grid_h, grid_w, 3, p, p).copy_(src)
-    dst.view(-1, 3, p * p).div_(255.0).sub_(_MEAN).div_(_STD)
+    dst.view(-1, 3, p * p).div_(255.0).sub_(MEAN_PLANES).div_(STD_PLANES)
 
 
 def process_video(data: VideoSource, plan: VideoPlan, options: VideoOptions = VideoOptions()) -> torch.Tensor:
