@@ -69,7 +69,8 @@ def cmd_inspect_megatron(a: argparse.Namespace) -> int:
 def cmd_preview(a: argparse.Namespace) -> int:
     from energon_nemotron.preview import run_preview
 
-    return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color)
+    return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color, dp_rank=a.dp_rank,
+                       dp_size=a.dp_size, split=a.split)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -108,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batches", type=int, default=None, help="stop after N batches (default: one epoch)")
     s.add_argument("--json", action="store_true", help="one JSON object per batch, then a summary line")
     s.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    s.add_argument("--split", choices=["train", "validation"], default="train")
+    s.add_argument("--dp-rank", type=int, default=0, help="data-parallel rank to show")
+    s.add_argument("--dp-size", type=int, default=1, help="data-parallel world size")
     s.set_defaults(func=cmd_preview)
 
     s = sub.add_parser("demo", help="run the library end to end on the embedded demo data")

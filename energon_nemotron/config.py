@@ -114,6 +114,14 @@ class LoaderSettings(StrictModel):
     num_workers: int = Field(2, ge=0)
     shuffle_buffer_size: Optional[int] = Field(1000, ge=1)
     seed: int = 1234
+    dp_rank: int = Field(0, ge=0)
+    dp_size: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _rank(self) -> "LoaderSettings":
+        if self.dp_rank >= self.dp_size:
+            raise ValueError(f"dp_rank {self.dp_rank} must be < dp_size {self.dp_size}")
+        return self
 
 
 class LoaderConfig(StrictModel):

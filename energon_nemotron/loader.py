@@ -4,12 +4,17 @@
 or a dict. Energon sources go through ``get_train_dataset``/``get_val_dataset`` with the named task
 encoder and ``get_savable_loader``; ``megatron_sft_packed`` sources bypass online packing and go
 through a PyTorch ``DataLoader`` over ``MegatronSFTPackedDataset`` with ``collate_rows``.
+
+Data parallelism: ``dp_rank``/``dp_size`` (arguments, else ``loader.dp_rank``/``loader.dp_size``)
+become Energon's ``WorkerConfig(rank, world_size)``; each rank reads its own part. The validation
+loader evens the ranks out: a rank that runs out of batches before the others yields padding
+batches (``is_padding`` True, ``loss_mask`` all zero) so every rank runs the same number of steps.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Optional, Union
 
 import torch
 
@@ -47,8 +52,8 @@ def _worker_config(cfg: LoaderConfig):
     from megatron.energon import WorkerConfig
     from megatron.energon.errors import reraise_exception
 
-    return WorkerConfig(rank=0, world_size=1, num_workers=cfg.loader.num_workers, seed_offset=cfg.loader.seed,
-                        global_error_handler=reraise_exception)
+    return WorkerConfig(rank=cfg.loader.dp_rank, world_size=cfg.loader.dp_size, num_workers=cfg.loader.num_workers,
+                        seed_offset=cfg.loader.seed, global_error_handler=reraise_exception)
 
 
 def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool) -> Iterable:
@@ -58,7 +63,8 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool) -
                                        context_parallel_size=src.context_parallel_size, pad_token=src.pad_token,
                                        chat_key=src.chat_key, identity_masks_prompt=src.identity_masks_prompt,
                                        allow_eos_pad=src.allow_eos_pad)
-    dataset = MegatronSFTPackedDataset(src.path, encoder, validation=validation)
+    dataset = MegatronSFTPackedDataset(src.path, encoder, dp_rank=cfg.loader.dp_rank, dp_size=cfg.loader.dp_size,
+                                       validation=validation)
     return torch.utils.data.DataLoader(dataset, batch_size=cfg.loader.batch_size, collate_fn=collate_rows,
                                        num_workers=cfg.loader.num_workers)
 
@@ -90,8 +96,18 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     return get_savable_loader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None)
 
 
-def _build(config: ConfigLike, validation: bool, repeat: bool) -> Iterable:
+def _with_dp(config: ConfigLike, dp_rank: Optional[int], dp_size: Optional[int]) -> LoaderConfig:
     cfg = _config(config)
+    if dp_rank is None and dp_size is None:
+        return cfg
+    settings = cfg.loader.model_copy(update={"dp_rank": cfg.loader.dp_rank if dp_rank is None else dp_rank,
+                                             "dp_size": cfg.loader.dp_size if dp_size is None else dp_size})
+    if not 0 <= settings.dp_rank < settings.dp_size:
+        raise ConfigError(f"invalid dp_rank={settings.dp_rank} / dp_size={settings.dp_size}")
+    return cfg.model_copy(update={"loader": settings})
+
+
+def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> Iterable:
     src = cfg.data.validation if validation else cfg.data.train
     if src is None:
         raise ConfigError("data.validation is not set")
@@ -100,18 +116,71 @@ def _build(config: ConfigLike, validation: bool, repeat: bool) -> Iterable:
     return _energon_loader(cfg, src, validation, repeat)
 
 
-def build_train_loader(config: ConfigLike, repeat: bool = True) -> Iterable:
-    """Batches of the training split (``repeat=False``: one epoch, each sample once)."""
-    return _build(config, validation=False, repeat=repeat)
+def build_train_loader(config: ConfigLike, repeat: bool = True, dp_rank: Optional[int] = None,
+                       dp_size: Optional[int] = None) -> Iterable:
+    """Batches of the training split for one data-parallel rank (``repeat=False``: one epoch,
+    each of the rank's samples once)."""
+    return _build(_with_dp(config, dp_rank, dp_size), validation=False, repeat=repeat)
 
 
-def build_val_loader(config: ConfigLike) -> Iterable:
-    """Batches of the validation split (one pass)."""
-    return _build(config, validation=True, repeat=False)
+def build_val_loader(config: ConfigLike, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
+                     group: Any = None) -> Iterable:
+    """Batches of the validation split for one data-parallel rank (one pass), padded so that every
+    rank yields the same number of batches. ``group``: the data-parallel ``torch.distributed``
+    group, used to agree on that number; without it (single process) the other ranks' batch
+    counts are computed by reading their parts."""
+    cfg = _with_dp(config, dp_rank, dp_size)
+    if isinstance(cfg.data.validation, MegatronSource):
+        return _build(cfg, validation=True, repeat=False)          # pads by rows itself
+    return EvenedValidation(cfg, group)
 
 
-def describe(config: ConfigLike) -> dict[str, Any]:
-    """A short summary of a config (for logs and previews)."""
-    cfg = _config(config)
-    return {"train": str(cfg.data.train.path), "format": cfg.data.train.format,
-            "packing": cfg.packing.algorithm if cfg.packing else None}
+class EvenedValidation:
+    """A rank's validation batches, then padding batches up to the largest rank's count."""
+
+    def __init__(self, cfg: LoaderConfig, group: Any = None) -> None:
+        self.cfg = cfg
+        self.group = group
+
+    def _count(self, rank: int) -> int:
+        other = _with_dp(self.cfg, rank, self.cfg.loader.dp_size)
+        return sum(1 for _ in _build(other, validation=True, repeat=False))
+
+    def _max_count(self, mine: int) -> int:
+        if self.cfg.loader.dp_size == 1:
+            return mine
+        if self.group is not None:
+            import torch.distributed as dist
+
+            t = torch.tensor([mine], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            return int(t.item())
+        me = self.cfg.loader.dp_rank
+        return max([mine] + [self._count(r) for r in range(self.cfg.loader.dp_size) if r != me])
+
+    def __iter__(self):
+        last, n = None, 0
+        for batch in _build(self.cfg, validation=True, repeat=False):
+            last, n = batch, n + 1
+            yield batch
+        for _ in range(self._max_count(n) - n):
+            yield padding_batch(last, self.cfg)
+
+
+def padding_batch(template, cfg: LoaderConfig):
+    """A batch that trains nothing: ``template`` with its loss mask zeroed, or (a rank that got no
+    data at all) one row of pad ids."""
+    from energon_nemotron.types import IGNORE_INDEX, PackedBatch
+
+    if template is not None:
+        return template._replace(loss_mask=torch.zeros_like(template.loss_mask),
+                                 is_padding=[True] * template.batch_size, skipped={})
+    s = int(cfg.task_encoder.options.get("seq_length", 1))
+    bounds = torch.tensor([0, s], dtype=torch.int32)
+    return PackedBatch(tokens=torch.zeros(1, s, dtype=torch.int64),
+                       labels=torch.full((1, s), IGNORE_INDEX, dtype=torch.int64),
+                       loss_mask=torch.zeros(1, s), position_ids=torch.arange(s).unsqueeze(0),
+                       cu_seqlens=[torch.tensor([0, 0], dtype=torch.int32)], cu_seqlens_padded=[bounds],
+                       max_seqlen=[s], sample_keys=[[]], is_padding=[True])
+
+

@@ -17,7 +17,7 @@ from typing import Optional
 
 from energon_nemotron.config import MegatronSource, load_config
 from energon_nemotron.inspect_rows import row_text
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loader import build_train_loader, build_val_loader
 from energon_nemotron.tokenization.loading import load_tokenizer
 from energon_nemotron.types import PackedBatch
 
@@ -38,11 +38,18 @@ def batch_json(index: int, batch: PackedBatch) -> dict:
 
 
 def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool = False,
-                color: str = "auto", out=None) -> int:
+                color: str = "auto", out=None, dp_rank: int = 0, dp_size: int = 1, split: str = "train") -> int:
+    """Print the batches of ``split`` (``train`` | ``validation``) for data-parallel rank
+    ``dp_rank`` of ``dp_size``; returns the exit status."""
     out = out or sys.stdout
     cfg = load_config(config_path)
-    loader = build_train_loader(cfg, repeat=batches is not None)
-    pad_id = loader.dataset.encoder.pad_id if isinstance(cfg.data.train, MegatronSource) else None
+    if split == "validation":
+        loader = build_val_loader(cfg, dp_rank=dp_rank, dp_size=dp_size)
+        source = cfg.data.validation
+    else:
+        loader = build_train_loader(cfg, repeat=batches is not None, dp_rank=dp_rank, dp_size=dp_size)
+        source = cfg.data.train
+    pad_id = loader.dataset.encoder.pad_id if isinstance(source, MegatronSource) else None
     tokenizer = None if as_json else load_tokenizer(cfg.tokenizer)
     use_color = color == "always" or (color == "auto" and out.isatty())
     stats = Counter()
@@ -52,7 +59,8 @@ def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool =
         batch.validate()
         stats["batches"] += 1
         stats["rows"] += batch.batch_size
-        stats["samples"] += sum(len(k) for k in batch.sample_keys)
+        stats["samples"] += sum(len(k) for k, pad in zip(batch.sample_keys, batch.is_padding) if not pad)
+        stats["padding_rows"] += sum(batch.is_padding)
         stats["positions"] += batch.batch_size * batch.seq_length
         stats["tokens"] += sum(int(c[-1]) for c in batch.cu_seqlens)
         skipped.update(batch.skipped)
@@ -63,6 +71,7 @@ def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool =
         for r in range(batch.batch_size):
             print(row_text(r, batch.row(r), tokenizer, use_color, pad_id=pad_id), file=out)
     summary = {"batches": stats["batches"], "rows": stats["rows"], "samples": stats["samples"],
+               "padding_rows": stats["padding_rows"], "dp_rank": dp_rank, "dp_size": dp_size, "split": split,
                "fill_ratio": round(stats["tokens"] / stats["positions"], 6) if stats["positions"] else 0.0,
                "skipped": dict(skipped)}
     if as_json:

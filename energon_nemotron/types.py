@@ -144,6 +144,8 @@ class PackedBatch:
     #: per row, one dict per media item in placeholder order: kind, sample_key, token_start (first
     #: placeholder id), num_tokens (embedding tokens), and grid / frames / clips
     media_spans: list[list[dict]] = field(default_factory=list)
+    #: multi-token-prediction layers of the model (0: none); ``mtp_targets`` accepts depths up to it
+    mtp_num_layers: int = 0
     #: set by Energon's batching so a batch can be restored from its samples
     __restore_key__: tuple = ()
 
@@ -211,36 +213,45 @@ class PackedBatch:
             "media_spans": self.media_spans[i],
         }
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "PackedBatch":
-        """Copy the tensors to ``device`` (boundaries stay int32, loss_mask stays float32)."""
+    def mtp_targets(self, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Labels int64 [B, S] and loss mask float32 [B, S] of multi-token-prediction depth
+        ``depth`` (1-based), as megatron-core's per-segment roll derives them from ``labels`` and
+        ``loss_mask`` (``parallel.mtp.roll_targets`` per row over ``cu_seqlens_padded``): no target
+        crosses a segment boundary. For inspection and non-Megatron consumers; megatron-core
+        computes these itself from the plain labels."""
+        from energon_nemotron.parallel.mtp import roll_targets
 
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=non_blocking)
+        if depth < 1 or (self.mtp_num_layers and depth > self.mtp_num_layers):
+            raise ValueError(f"MTP depth must be in 1..{self.mtp_num_layers or 'inf'}, got {depth}")
+        rolled = [roll_targets(self.labels[i], self.loss_mask[i], self.cu_seqlens_padded[i], depth)
+                  for i in range(self.batch_size)]
+        return torch.stack([r[0] for r in rolled]), torch.stack([r[1] for r in rolled])
 
-        media = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in self.media.items()}
-        moved = PackedBatch(
-            tokens=move(self.tokens), labels=move(self.labels), loss_mask=move(self.loss_mask),
-            position_ids=move(self.position_ids),
-            cu_seqlens=[move(c) for c in self.cu_seqlens],
-            cu_seqlens_padded=[move(c) for c in self.cu_seqlens_padded],
-            max_seqlen=list(self.max_seqlen), sample_keys=[list(k) for k in self.sample_keys],
-            is_padding=list(self.is_padding), media=media, skipped=dict(self.skipped),
-            media_spans=self.media_spans,
-        )
-        moved.__restore_key__ = self.__restore_key__
-        return moved
+    def _replace(self, **changes: Any) -> "PackedBatch":
+        """A shallow copy with some fields replaced (``__restore_key__`` kept)."""
+        import dataclasses
+
+        out = dataclasses.replace(self, **changes)
+        out.__restore_key__ = self.__restore_key__
+        return out
 
     def pin_memory(self) -> "PackedBatch":
         """Page-locked copies of the tensors (what a ``DataLoader`` with ``pin_memory`` calls)."""
-        pinned = PackedBatch(
-            tokens=self.tokens.pin_memory(), labels=self.labels.pin_memory(),
-            loss_mask=self.loss_mask.pin_memory(), position_ids=self.position_ids.pin_memory(),
-            cu_seqlens=list(self.cu_seqlens), cu_seqlens_padded=list(self.cu_seqlens_padded),
-            max_seqlen=list(self.max_seqlen), sample_keys=self.sample_keys, is_padding=self.is_padding,
-            media={k: (v.pin_memory() if hasattr(v, "pin_memory") else v) for k, v in self.media.items()},
-            skipped=self.skipped, media_spans=self.media_spans)
-        pinned.__restore_key__ = self.__restore_key__
-        return pinned
+        return self._map(lambda t: t.pin_memory())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "PackedBatch":
+        """Copy the tensors to ``device`` (boundaries stay int32, loss_mask stays float32)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def _map(self, fn) -> "PackedBatch":
+        """A copy with ``fn`` applied to every tensor and ``PackedTensor`` (rows, boundaries, media)."""
+        return self._replace(
+            tokens=fn(self.tokens), labels=fn(self.labels), loss_mask=fn(self.loss_mask),
+            position_ids=fn(self.position_ids), cu_seqlens=[fn(c) for c in self.cu_seqlens],
+            cu_seqlens_padded=[fn(c) for c in self.cu_seqlens_padded],
+            media={k: fn(v) for k, v in self.media.items()},
+            max_seqlen=list(self.max_seqlen), sample_keys=[list(k) for k in self.sample_keys],
+            is_padding=list(self.is_padding), skipped=dict(self.skipped))
 
     def packed_seq_params(self, i: int = 0, **kwargs: Any):
         """megatron-core ``PackedSeqParams`` (``qkv_format="thd"``) for row ``i``.

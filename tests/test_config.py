@@ -62,7 +62,7 @@ def test_task_encoder_validates_its_own_options(tmp_path):
         build_task_encoder(base(task_encoder={"options": {"seq_length": 64, "prompt_format": "chatml"}}))
     with pytest.raises(ConfigError, match=r"task_encoder\.name: unknown task encoder 'generic'; known: nemotron_multimodal"):
         build_task_encoder(base(task_encoder={"name": "generic", "options": {}}))
-    with pytest.raises(ConfigError, match=r"seq_length 510 is not a multiple of packing\.pad_multiple 4"):
+    with pytest.raises(ConfigError, match=r"seq_length 510 is not a multiple of 4 \(packing\.pad_multiple combined"):
         build_task_encoder(base(task_encoder={"options": {"seq_length": 510}},
                                 packing={"buffer_size": 8, "pad_multiple": 4}))
     enc = build_task_encoder(base())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 import dataclasses
+import math
 from typing import Any, Literal, Optional, Union
 
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
@@ -53,6 +54,17 @@ class NemotronMultimodalOptions(StrictModel):
     image: dict[str, Any] = Field(default_factory=dict)
     video: dict[str, Any] = Field(default_factory=dict)
     audio: dict[str, Any] = Field(default_factory=dict)
+    context_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    sequence_parallel: bool = False
+    mtp_num_layers: int = Field(0, ge=0)
+
+    @property
+    def parallel_multiple(self) -> int:
+        """What every source is padded to for parallelism: 2·CP when CP > 1, times TP with
+        sequence parallelism (as Megatron-LM pads SFT sequences)."""
+        cp = 2 * self.context_parallel_size if self.context_parallel_size > 1 else 1
+        return cp * (self.tensor_parallel_size if self.sequence_parallel else 1)
 
     @model_validator(mode="after")
     def _media(self) -> "NemotronMultimodalOptions":
@@ -89,10 +101,11 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         super().__init__()
         self.options = options if isinstance(options, NemotronMultimodalOptions) else NemotronMultimodalOptions(**options)
         self.packing = packing
-        self.pad_multiple = packing.pad_multiple if packing else 1
+        self.pad_multiple = math.lcm(packing.pad_multiple if packing else 1, self.options.parallel_multiple)
         if self.options.seq_length % self.pad_multiple:
-            raise ConfigError(f"seq_length {self.options.seq_length} is not a multiple of "
-                              f"packing.pad_multiple {self.pad_multiple}")
+            raise ConfigError(f"seq_length {self.options.seq_length} is not a multiple of {self.pad_multiple} "
+                              "(packing.pad_multiple combined with 2*context_parallel_size"
+                              "[*tensor_parallel_size with sequence_parallel])")
         self.packer = PACKERS.get(packing.algorithm) if packing else None
         self.seed = seed
         self.cookers = build_cookers(default_cooker)
@@ -184,4 +197,6 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
     def batch(self, samples: list[Union[PackedRow, EncodedSample]]) -> PackedBatch:
         rows = [s if isinstance(s, PackedRow) else self.pack_selected_samples([s]) for s in samples]
         skipped, self._skipped = dict(self._skipped), Counter()
-        return batch_rows(rows, skipped)
+        batch = batch_rows(rows, skipped)
+        batch.mtp_num_layers = self.options.mtp_num_layers
+        return batch

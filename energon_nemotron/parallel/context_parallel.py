@@ -9,7 +9,7 @@ global. Every boundary must be a multiple of ``2*cp``.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
@@ -60,19 +60,31 @@ def partition_indices(cu_seqlens_padded: torch.Tensor | Sequence[int], cp_size: 
     return starts[seg] + chunk_id * c + within
 
 
-def slice_for_cp_rank(tensors: Mapping[str, torch.Tensor], cu_seqlens_padded, cp_size: int,
-                      cp_rank: int, dim: int = -1) -> dict[str, torch.Tensor]:
+ROW_TENSORS = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+def slice_for_cp_rank(tensors, cu_seqlens_padded, cp_size: int, cp_rank: int, dim: int = -1):
     """Apply :func:`partition_indices` to every tensor of ``tensors`` along ``dim``.
 
     Args:
         tensors: name → tensor whose ``dim`` has length T (e.g. tokens, labels, loss_mask,
             position_ids of one row, [T] or [1, T]). Boundaries and max_seqlen are *not* sliced:
-            keep them out of this dict; they stay global.
+            keep them out of this dict; they stay global. Or a ``PackedBatch``: each row's
+            tokens/labels/loss_mask/position_ids [B, S] are sliced by its own
+            ``cu_seqlens_padded`` (pass None for ``cu_seqlens_padded``) and a ``PackedBatch`` of
+            [B, S / cp_size] comes back, boundaries and media unchanged (global).
         cu_seqlens_padded: int [n+1] boundaries of that row.
 
     Returns:
-        name → tensor with ``dim`` of length T / cp_size, same dtype.
+        name → tensor with ``dim`` of length T / cp_size, same dtype (or the sliced ``PackedBatch``).
     """
+    from energon_nemotron.types import PackedBatch
+
+    if isinstance(tensors, PackedBatch):
+        rows = [slice_for_cp_rank({k: getattr(tensors, k)[i] for k in ROW_TENSORS},
+                                  tensors.cu_seqlens_padded[i], cp_size, cp_rank)
+                for i in range(tensors.batch_size)]
+        return tensors._replace(**{k: torch.stack([r[k] for r in rows]) for k in ROW_TENSORS})
     index = partition_indices(cu_seqlens_padded, cp_size, cp_rank)
     total = int(torch.as_tensor(cu_seqlens_padded).reshape(-1)[-1])
     out = {}

@@ -1,0 +1,259 @@
+"""``broadcast_packed_batch``: pure wire round trips, header validation, and real gloo process groups
+(2 processes in the default run, 4 in the slow one)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from energon_nemotron.media.packed_tensor import PackedTensor
+from energon_nemotron.parallel.broadcast import (
+    _decode_header, batches_equal, broadcast_packed_batch, packed_batch_from_wire, packed_batch_to_wire)
+from energon_nemotron.types import PackedBatch
+
+
+def text_batch() -> PackedBatch:
+    """B=2, S=8, built by hand; every metadata field set."""
+    tokens = torch.arange(16, dtype=torch.int64).reshape(2, 8) + 100
+    labels = torch.full((2, 8), -100, dtype=torch.int64)
+    labels[0, 2:5] = tokens[0, 3:6]
+    loss_mask = (labels != -100).to(torch.float32)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 7]])
+    batch = PackedBatch(
+        tokens=tokens, labels=labels, loss_mask=loss_mask, position_ids=position_ids,
+        cu_seqlens=[torch.tensor([0, 5, 7], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32)],
+        cu_seqlens_padded=[torch.tensor([0, 5, 8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32)],
+        max_seqlen=[5, 8], sample_keys=[["ds/a#0", "ds/b#3"], ["pad"]], is_padding=[False, True],
+        skipped={"too_long": 2, "bad_media": 1},
+        media_spans=[[{"kind": "image", "sample_key": "ds/a#0", "token_start": 1, "num_tokens": 3,
+                       "grid": [2, 3]}], []])
+    batch.__restore_key__ = ("Encoded", ("Webdataset", "shard-0.tar", 3), ("Webdataset", "shard-1.tar", 7), 1.5)
+    if hasattr(batch, "mtp_num_layers"):  # a field added later travels too (the header lists every field)
+        batch.mtp_num_layers = 2
+    return batch
+
+
+def media_batch(seed: int) -> PackedBatch:
+    """A deterministic batch (from ``seed``) with ragged media of several dtypes, NaN and -0.0."""
+    g = torch.Generator().manual_seed(seed)
+    b, s = 2, 24
+
+    def randint(hi, shape, dtype=torch.int64):
+        return torch.randint(0, hi, shape, generator=g, dtype=dtype)
+
+    n_img = [int(x) + 1 for x in randint(4, (3,))]
+    pixel_values = PackedTensor.from_list([torch.randn(n, 12, generator=g) for n in n_img])
+    pixel_values.data[0, 0] = float("nan")
+    pixel_values.data[0, 1] = -0.0
+    sound = PackedTensor.from_list([torch.randn(int(c) + 1, 5, 128, generator=g) for c in randint(3, (2,))])
+    batch = PackedBatch(
+        tokens=randint(1000, (b, s)), labels=randint(1000, (b, s)),
+        loss_mask=randint(2, (b, s)).to(torch.float32), position_ids=randint(s, (b, s)),
+        cu_seqlens=[torch.tensor([0, 10, 20], dtype=torch.int32), torch.tensor([0, 24], dtype=torch.int32)],
+        cu_seqlens_padded=[torch.tensor([0, 12, 24], dtype=torch.int32), torch.tensor([0, 24], dtype=torch.int32)],
+        max_seqlen=[12, 24], sample_keys=[[f"k{seed}", "k2"], ["k3"]], skipped={},
+        media={
+            "pixel_values": pixel_values,
+            "image_sizes": PackedTensor.from_list([randint(64, (n, 2), torch.int32) for n in n_img]),
+            "num_frames": randint(9, (3,), torch.int32),
+            "sound_features": sound,
+            "sound_lengths": randint(3000, (2,)),
+            "video_bf16": PackedTensor.from_list([torch.randn(2, 3, 4, generator=g).to(torch.bfloat16),
+                                                  torch.randn(0, 3, 4).to(torch.bfloat16)]),
+            "image_mask": randint(2, (5, 7)).bool(),
+            "no_audio": PackedTensor.empty((7,), torch.float16),
+            "transposed": torch.randn(4, 6, generator=g).t(),  # not contiguous
+            "scalar": torch.tensor(seed, dtype=torch.int16),
+        })
+    batch.__restore_key__ = ("Encoded", ("Webdataset", f"s{seed}.tar", seed))
+    return batch
+
+
+def test_text_round_trip():
+    batch = text_batch()
+    header, buffers = packed_batch_to_wire(batch)
+    assert sorted(buffers) == ["float32", "int32", "int64"]
+    assert all(b.dtype == torch.uint8 and b.dim() == 1 for b in buffers.values())
+    header = json.loads(json.dumps(header))  # it is JSON
+    tensor_fields = set(header["tensors"]) | {"cu_seqlens", "cu_seqlens_padded", "media"}
+    assert set(header["meta"]) | tensor_fields == {f.name for f in dataclasses.fields(PackedBatch)}
+    out = packed_batch_from_wire(header, buffers)
+    assert batches_equal(out, batch)
+    assert out.__restore_key__ == batch.__restore_key__ and isinstance(out.__restore_key__[1], tuple)
+    assert out.cu_seqlens[0].dtype == torch.int32 and out.is_padding == [False, True]
+    out.validate()
+
+
+def test_media_round_trip_is_bit_exact():
+    batch = media_batch(3)
+    header, buffers = packed_batch_to_wire(batch)
+    out = packed_batch_from_wire(json.loads(json.dumps(header)), buffers)
+    assert batches_equal(out, batch)
+    for name, value in batch.media.items():
+        got = out.media[name]
+        assert type(got) is type(value) and got.dtype == value.dtype, name
+    assert torch.isnan(out.media["pixel_values"].data[0, 0])
+    assert torch.signbit(out.media["pixel_values"].data[0, 1])
+    assert out.media["sound_lengths"].dtype == torch.int64
+    assert out.media["video_bf16"].offsets.tolist() == [0, 2, 2]
+    assert out.media["sound_features"].feature_shape == (5, 128)
+    assert not batches_equal(out, media_batch(4))
+
+
+def test_batches_equal_is_strict():
+    a = text_batch()
+    b = copy.deepcopy(a)
+    assert batches_equal(a, b)
+    b.__restore_key__ = ("Encoded", ["Webdataset", "shard-0.tar", 3])
+    assert not batches_equal(a, b)
+    b = copy.deepcopy(a)
+    b.is_padding = [0, 1]
+    assert not batches_equal(a, b)
+    b = copy.deepcopy(a)
+    b.cu_seqlens[0] = b.cu_seqlens[0].long()
+    assert not batches_equal(a, b)
+    b = copy.deepcopy(a)
+    b.loss_mask[0, 0] = -0.0
+    assert not batches_equal(a, b)
+
+
+def test_misaligned_buffers_are_copied():
+    batch = media_batch(5)
+    header, buffers = packed_batch_to_wire(batch)
+    shifted = {k: torch.cat([torch.zeros(1, dtype=torch.uint8), v])[1:] for k, v in buffers.items()}
+    assert batches_equal(packed_batch_from_wire(header, shifted), batch)
+
+
+def test_tagged_metadata_round_trips():
+    batch = text_batch()
+    batch.skipped = {"__tuple__": 1, 3: "int key", (1, "a"): [(), {}], "x": {"__dict__": None}}
+    header, buffers = packed_batch_to_wire(batch)
+    assert batches_equal(packed_batch_from_wire(json.loads(json.dumps(header)), buffers), batch)
+
+
+def test_header_metadata_must_be_json():
+    batch = text_batch()
+    batch.skipped = {"x": object()}
+    with pytest.raises(TypeError, match="JSON"):
+        packed_batch_to_wire(batch)
+
+
+def _corrupt(path, value):
+    def apply(header):
+        node = header
+        for key in path[:-1]:
+            node = node[key]
+        if value is _DELETE:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+    return apply
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("corrupt, match", [
+    (_corrupt(["meta"], _DELETE), "lacks"),
+    (_corrupt(["meta", "sample_keys"], _DELETE), "lacks"),
+    (_corrupt(["tensors", "labels"], _DELETE), "lacks"),
+    (_corrupt(["version"], 99), "version"),
+    (_corrupt(["buffers", "int64"], 8), "buffer"),
+    (_corrupt(["buffers", "float8"], 4), "dtype"),
+    (_corrupt(["tensors", "tokens", "dtype"], "nonsense"), "dtype"),
+    (_corrupt(["tensors", "tokens", "shape"], [2, 9]), "bytes|fit"),
+    (_corrupt(["tensors", "tokens", "shape"], [2, 3]), "bytes"),
+    (_corrupt(["tensors", "tokens", "offset"], 10**9), "fit"),
+    (_corrupt(["tensors", "tokens", "offset"], -8), "non-negative"),
+    (_corrupt(["tensors", "tokens", "shape"], "xx"), "malformed"),
+    (_corrupt(["cu_seqlens"], []), "rows"),
+    (_corrupt(["meta", "max_seqlen"], [1]), "rows"),
+    (_corrupt(["meta", "__restore_key__"], ["a"]), "tuple"),
+    (_corrupt(["meta", "__restore_key__"], {"__dict__": [[[1], 2]]}), "malformed"),
+    (_corrupt(["media"], [["x", {"kind": "mystery"}]]), "kind"),
+    (_corrupt(["media"], [["x", {"kind": "packed", "offset": 0,
+                                 "wire": {"dtype": "float32", "feature_shape": ["a"], "offsets": [0, 1]}}]]),
+     "malformed"),
+    (_corrupt(["media"], [["x", {"kind": "packed", "offset": 0,
+                                 "wire": {"dtype": "int32", "feature_shape": [], "offsets": [0, 2, 1]}}]]),
+     "non-decreasing"),
+])
+def test_corrupted_header_is_rejected(corrupt, match):
+    header, buffers = packed_batch_to_wire(text_batch())
+    header = json.loads(json.dumps(header))
+    corrupt(header)
+    with pytest.raises(ValueError, match=match):
+        packed_batch_from_wire(header, buffers)
+
+
+def test_wrong_buffers_are_rejected():
+    header, buffers = packed_batch_to_wire(text_batch())
+    with pytest.raises(ValueError, match="buffers"):
+        packed_batch_from_wire(header, {k: v for k, v in buffers.items() if k != "int32"})
+    with pytest.raises(ValueError, match="uint8"):
+        packed_batch_from_wire(header, {**buffers, "int32": buffers["int32"][:-4]})
+    with pytest.raises(ValueError, match="JSON object"):
+        packed_batch_from_wire([header], buffers)
+
+
+@pytest.mark.parametrize("raw, match", [(b"\xff\xfe", "UTF-8 JSON"), (b"{not json", "UTF-8 JSON"),
+                                        (b"[1, 2]", "JSON object"), (b'{"version": 1}', "lacks")])
+def test_header_bytes_are_checked(raw, match):
+    with pytest.raises(ValueError, match=match):
+        _decode_header(raw)
+
+
+# -- real processes ------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        # (src, seed, max_chunk_bytes): default chunk, many small chunks, the last rank as source
+        for src, seed, chunk in ((0, 11, 64 * 2**20), (1, 12, 1000), (world - 1, 13, 7)):
+            expected = media_batch(seed)
+            got = broadcast_packed_batch(expected if rank == src else None, src, max_chunk_bytes=chunk)
+            assert batches_equal(got, expected), (rank, src, seed)
+            assert (got is expected) == (rank == src)
+        expected = text_batch()
+        got = broadcast_packed_batch(expected if rank == 1 else None, 1, max_chunk_bytes=16)
+        assert batches_equal(got, expected) and got.__restore_key__ == expected.__restore_key__
+        # a source that passes None fails on every rank, and the group stays usable
+        with pytest.raises(ValueError if rank == 0 else RuntimeError):
+            broadcast_packed_batch(None, 0)
+        if world >= 4:  # a sub-group: src is a global rank
+            sub = dist.new_group([1, 3])
+            if rank in (1, 3):
+                expected = media_batch(14)
+                got = broadcast_packed_batch(expected if rank == 3 else None, 3, group=sub, max_chunk_bytes=333)
+                assert batches_equal(got, expected), rank
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_broadcast_two_processes():
+    mp.spawn(_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
+@pytest.mark.slow
+def test_broadcast_four_processes():
+    mp.spawn(_worker, args=(4, _free_port()), nprocs=4, join=True)

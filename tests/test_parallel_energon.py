@@ -1,0 +1,176 @@
+"""Parallelism on the Energon path: CP padding and slicing, MTP targets, DP sharding, validation
+evening, determinism, and the torchrun example (real processes over gloo)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from energon_data import loader_yaml, text_dataset
+from energon_nemotron.loader import build_train_loader, build_val_loader
+from energon_nemotron.parallel import partition_indices, roll_targets, slice_for_cp_rank
+from energon_nemotron.preview import run_preview
+
+PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 1, "max_sequences_per_bin": None}
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("par")
+    _, keys = text_dataset(root / "ds", "openai_messages", n=26, per_shard=3)
+    return root, keys
+
+
+def cfg(root, name, **options):
+    return loader_yaml(root / name, {"path": "ds"}, packing=PACKING, seq_length=1024,
+                       prompt_format="nemotron6", extra_options=options)
+
+
+def keys_of(batches):
+    return [k for b in batches for row, pad in zip(b.sample_keys, b.is_padding) if not pad for k in row]
+
+
+@pytest.mark.parametrize("cp, tp, sp, multiple", [(2, 1, False, 4), (4, 1, False, 8), (2, 2, True, 8), (1, 4, True, 4)])
+def test_sources_padded_for_context_parallelism(ds, cp, tp, sp, multiple):
+    root, keys = ds
+    c = cfg(root, f"cp{cp}{tp}{sp}.yaml", context_parallel_size=cp, tensor_parallel_size=tp, sequence_parallel=sp)
+    batches = list(build_train_loader(c, repeat=False))
+    assert sorted(keys_of(batches)) == sorted(keys)
+    for b in batches:
+        b.validate()
+        for padded in b.cu_seqlens_padded:
+            assert all(int(x) % multiple == 0 for x in padded), padded
+        if cp > 1:
+            shards = [slice_for_cp_rank(b, None, cp, r) for r in range(cp)]
+            for r, shard in enumerate(shards):
+                assert shard.tokens.shape == (b.batch_size, b.seq_length // cp)
+                index = partition_indices(b.cu_seqlens_padded[0], cp, r)
+                assert torch.equal(shard.tokens[0], b.tokens[0, index])
+                assert torch.equal(shard.loss_mask[0], b.loss_mask[0, index])
+            assert sum(int(s.loss_mask.sum()) for s in shards) == int(b.loss_mask.sum())
+
+
+def test_cp_requires_aligned_seq_length(ds):
+    from energon_nemotron.errors import ConfigError
+    from energon_nemotron.loader import build_task_encoder
+
+    root, _ = ds
+    bad = loader_yaml(root / "bad.yaml", {"path": "ds"}, packing=PACKING, seq_length=1020,
+                      extra_options={"context_parallel_size": 4})
+    with pytest.raises(ConfigError, match=r"seq_length 1020 is not a multiple of 8"):
+        build_task_encoder(bad)
+
+
+def test_mtp_targets_stay_inside_segments(ds):
+    root, _ = ds
+    c = cfg(root, "mtp.yaml", mtp_num_layers=2, context_parallel_size=2)
+    for b in build_train_loader(c, repeat=False):
+        for depth in (1, 2):
+            labels, mask = b.mtp_targets(depth)
+            for i in range(b.batch_size):
+                padded = b.cu_seqlens_padded[i].tolist()
+                seg = torch.bucketize(torch.arange(b.seq_length), torch.tensor(padded[1:]), right=True)
+                trained = mask[i].nonzero().flatten()
+                assert torch.equal(seg[trained], seg[trained + depth])          # same segment
+                assert torch.equal(labels[i, trained], b.labels[i, trained + depth])
+                want_l, want_m = roll_targets(b.labels[i], b.loss_mask[i], padded, depth)
+                assert torch.equal(labels[i], want_l) and torch.equal(mask[i], want_m)
+        with pytest.raises(ValueError, match="MTP depth must be in 1..2"):
+            b.mtp_targets(3)
+
+
+def test_mtp_equals_megatron_core_roll_over_padded_boundaries(ds):
+    from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+    from energon_nemotron.parallel import to_packed_seq_params
+
+    root, _ = ds
+    b = next(iter(build_train_loader(cfg(root, "mtp2.yaml", mtp_num_layers=1, context_parallel_size=2), repeat=False)))
+    # Megatron-LM's SFT forward passes the padded boundaries as cu_seqlens_q when there are any
+    params = to_packed_seq_params(b.cu_seqlens_padded[0], b.max_seqlen[0])
+    rolled, _ = roll_tensor(b.labels[:1], shifts=-1, dims=-1, packed_seq_params=params)
+    rolled_mask, _ = roll_tensor(b.loss_mask[:1], shifts=-1, dims=-1, packed_seq_params=params)
+    labels, mask = b.mtp_targets(1)
+    assert torch.equal(labels[0], rolled[0]) and torch.equal(mask[0], rolled_mask[0])
+
+
+@pytest.mark.parametrize("dp_size", [2, 3])
+def test_train_ranks_read_disjoint_parts(ds, dp_size):
+    root, keys = ds
+    c = cfg(root, f"dp{dp_size}.yaml")
+    parts = [keys_of(build_train_loader(c, repeat=False, dp_rank=r, dp_size=dp_size)) for r in range(dp_size)]
+    assert sorted(k for p in parts for k in p) == sorted(keys)
+    assert all(p for p in parts)
+
+
+@pytest.mark.parametrize("dp_size", [1, 2, 3, 4])
+def test_validation_every_sample_once_and_ranks_even(ds, dp_size, capsys):
+    root, keys = ds
+    c = loader_yaml(root / f"val{dp_size}.yaml", {"path": "ds"}, packing=PACKING, seq_length=1024,
+                    prompt_format="nemotron6")
+    raw = json.loads(json.dumps(__import__("yaml").safe_load(c.read_text())))
+    raw["data"]["validation"] = {"path": "ds", "split": "train"}
+    c.write_text(json.dumps(raw))
+    counts, seen = [], []
+    for r in range(dp_size):
+        assert run_preview(str(c), as_json=True, dp_rank=r, dp_size=dp_size, split="validation") == 0
+        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        batches, summary = lines[:-1], lines[-1]["summary"]
+        counts.append(len(batches))
+        for b in batches:
+            for row, pad, mask in zip(b["sample_keys"], b["is_padding"], b["loss_mask"]):
+                if pad:
+                    assert not any(mask)
+                else:
+                    seen += row
+        assert summary["split"] == "validation" and summary["dp_rank"] == r
+    assert len(set(counts)) == 1, counts
+    assert sorted(seen) == sorted(keys)
+
+
+def test_same_seed_same_stream(ds):
+    root, _ = ds
+
+    def stream(name, seed):
+        c = loader_yaml(root / name, {"path": "ds"}, packing=PACKING, seq_length=1024)
+        raw = __import__("yaml").safe_load(c.read_text())
+        raw["loader"]["seed"] = seed
+        raw["loader"]["shuffle_buffer_size"] = 20
+        c.write_text(json.dumps(raw))
+        return [(b.sample_keys, b.tokens) for b in build_train_loader(c, repeat=False)]
+
+    a, b, other = stream("s1.yaml", 5), stream("s2.yaml", 5), stream("s3.yaml", 6)
+    assert [k for k, _ in a] == [k for k, _ in b] and all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
+    assert [k for k, _ in a] != [k for k, _ in other]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("tp, cp", [(2, 1), (1, 2)])
+def test_torchrun_example(ds, tp, cp):
+    root, _ = ds
+    c = cfg(root, f"run{tp}{cp}.yaml", context_parallel_size=cp)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                          str(REPO / "examples" / "torchrun_preview.py"), str(c), "--tp", str(tp), "--cp", str(cp)],
+                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                                            "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = sorted((json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")), key=lambda d: d["rank"])
+    assert [d["rank"] for d in lines] == [0, 1]
+    a, b = lines
+    assert a["sample_keys"] == b["sample_keys"] and a["cu_seqlens_padded"] == b["cu_seqlens_padded"]
+    if tp == 2:       # tensor-parallel peers hold the identical batch
+        assert a["local_tokens_checksum"] == b["local_tokens_checksum"] and a["local_tokens"] == 1024
+    else:             # context-parallel ranks hold complementary halves
+        assert a["local_tokens"] == b["local_tokens"] == 512 and a["local_index_head"] != b["local_index_head"]
