@@ -174,3 +174,34 @@ def test_torchrun_example(ds, tp, cp):
         assert a["local_tokens_checksum"] == b["local_tokens_checksum"] and a["local_tokens"] == 1024
     else:             # context-parallel ranks hold complementary halves
         assert a["local_tokens"] == b["local_tokens"] == 512 and a["local_index_head"] != b["local_index_head"]
+
+
+def _bshd_worker(rank: int, world: int, port: int, batch_tensors: dict, expected: list) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        from megatron.core.utils import get_batch_on_this_cp_rank
+
+        theirs = get_batch_on_this_cp_rank(dict(batch_tensors), cp_group=dist.group.WORLD)
+        for key, value in expected[rank].items():
+            assert torch.equal(theirs[key], value), (rank, key)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_unpacked_rows_match_megatron_core_bshd_cp_split(ds):
+    """Without packing a row is one sequence: our THD slice equals megatron-core's bshd CP split."""
+    import torch.multiprocessing as mp
+
+    root, _ = ds
+    c = loader_yaml(root / "bshd.yaml", {"path": "ds"}, packing=None, seq_length=1024, prompt_format="nemotron6",
+                    extra_options={"context_parallel_size": 2})
+    batch = next(iter(build_train_loader(c, repeat=False)))
+    assert [len(p) for p in batch.cu_seqlens_padded] == [2]          # one segment (+ its tail padding)
+    tensors = {k: getattr(batch, k) for k in ("tokens", "labels", "loss_mask", "position_ids")}
+    expected = [{k: getattr(slice_for_cp_rank(batch, None, 2, r), k) for k in tensors} for r in range(2)]
+    mp.spawn(_bshd_worker, args=(2, _free_port(), tensors, expected), nprocs=2, join=True)
