@@ -116,6 +116,7 @@ class LoaderSettings(StrictModel):
     seed: int = 1234
     dp_rank: int = Field(0, ge=0)
     dp_size: int = Field(1, ge=1)
+    on_error: Literal["raise", "skip"] = "raise"
 
     @model_validator(mode="after")
     def _rank(self) -> "LoaderSettings":

@@ -9,6 +9,10 @@ Data parallelism: ``dp_rank``/``dp_size`` (arguments, else ``loader.dp_rank``/``
 become Energon's ``WorkerConfig(rank, world_size)``; each rank reads its own part. The validation
 loader evens the ranks out: a rank that runs out of batches before the others yields padding
 batches (``is_padding`` True, ``loss_mask`` all zero) so every rank runs the same number of steps.
+
+Bad samples follow ``loader.on_error`` (``raise``: a ``DataError`` naming the sample; ``skip``:
+dropped and counted by reason in ``PackedBatch.skipped``). ``Loader.state_dict()`` /
+``load_state_dict()`` save and restore the exact position, with a fingerprint of the configuration.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Iterable, Optional, Union
 import torch
 
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, load_config
-from energon_nemotron.errors import ConfigError
+from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
 from energon_nemotron.registry import TASK_ENCODERS
 
 ConfigLike = Union[LoaderConfig, str, Path, dict]
@@ -48,15 +52,15 @@ def build_task_encoder(config: ConfigLike):
                seed=cfg.loader.seed)
 
 
-def _worker_config(cfg: LoaderConfig):
+def _worker_config(cfg: LoaderConfig, encoder: Any):
     from megatron.energon import WorkerConfig
-    from megatron.energon.errors import reraise_exception
 
+    policy = ErrorPolicy(cfg.loader.on_error, encoder.skipped_counts)
     return WorkerConfig(rank=cfg.loader.dp_rank, world_size=cfg.loader.dp_size, num_workers=cfg.loader.num_workers,
-                        seed_offset=cfg.loader.seed, global_error_handler=reraise_exception)
+                        seed_offset=cfg.loader.seed, global_error_handler=policy)
 
 
-def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool) -> Iterable:
+def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, skips: SkipCounter) -> Iterable:
     from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, MegatronSFTPackedEncoder, collate_rows
 
     encoder = MegatronSFTPackedEncoder(cfg.tokenizer, src.seq_length, prompt_format=src.prompt_format,
@@ -64,17 +68,21 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool) -
                                        chat_key=src.chat_key, identity_masks_prompt=src.identity_masks_prompt,
                                        allow_eos_pad=src.allow_eos_pad)
     dataset = MegatronSFTPackedDataset(src.path, encoder, dp_rank=cfg.loader.dp_rank, dp_size=cfg.loader.dp_size,
-                                       validation=validation)
+                                       validation=validation, on_error=cfg.loader.on_error, skips=skips)
     return torch.utils.data.DataLoader(dataset, batch_size=cfg.loader.batch_size, collate_fn=collate_rows,
                                        num_workers=cfg.loader.num_workers)
 
 
-def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, repeat: bool) -> Iterable:
+def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, repeat: bool,
+                    skips: SkipCounter) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
     encoder = build_task_encoder(cfg)
-    common = dict(worker_config=_worker_config(cfg), batch_size=cfg.loader.batch_size, task_encoder=encoder,
-                  packing_buffer_size=cfg.packing.buffer_size if cfg.packing else None)
+    encoder.skipped_counts = skips
+    if cfg.loader.on_error == "skip":
+        encoder.__default_failure_tolerance__ = 0      # skipping never turns into a fatal error
+    common = dict(worker_config=_worker_config(cfg, encoder), batch_size=cfg.loader.batch_size,
+                  task_encoder=encoder, packing_buffer_size=cfg.packing.buffer_size if cfg.packing else None)
     try:
         if validation:
             dataset = get_val_dataset(str(src.path), split_part=src.split, **common)
@@ -107,17 +115,113 @@ def _with_dp(config: ConfigLike, dp_rank: Optional[int], dp_size: Optional[int])
     return cfg.model_copy(update={"loader": settings})
 
 
-def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> Iterable:
+def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
     src = cfg.data.validation if validation else cfg.data.train
     if src is None:
         raise ConfigError("data.validation is not set")
+    fp = fingerprint(cfg, "validation" if validation else "train", repeat)
+    skips = SkipCounter(cfg.loader.num_workers)
     if isinstance(src, MegatronSource):
-        return _megatron_loader(cfg, src, validation)
-    return _energon_loader(cfg, src, validation, repeat)
+        return Loader(_megatron_loader(cfg, src, validation, skips), fp, skips, rows=True)
+    return Loader(_energon_loader(cfg, src, validation, repeat, skips), fp, skips)
+
+
+class Loader:
+    """Batches (``PackedBatch``) of one split for one rank, with exact save and restore.
+
+    ``state_dict()`` after any number of batches, ``load_state_dict(state)`` on a freshly built
+    loader with the same configuration, before iterating: the restored loader yields the very
+    batches the original would have yielded next. The state carries :func:`fingerprint`.
+    """
+
+    def __init__(self, inner: Any, fingerprint: dict, skips: SkipCounter, rows: bool = False) -> None:
+        self.inner = inner
+        self.fingerprint = fingerprint
+        self.skips = skips          # skipped samples by reason, summed over the workers
+        self.rows = rows            # Megatron-LM rows (a DataLoader over MegatronSFTPackedDataset)
+        self.positions: dict[int, int] = {}
+        self.next_worker = 0
+
+    @property
+    def dataset(self) -> Any:
+        return self.inner.dataset
+
+    def skipped(self) -> dict[str, int]:
+        """Samples skipped so far, by reason (all workers)."""
+        return self.skips.totals()
+
+    def __iter__(self):
+        if self.rows:
+            self.positions = dict(self.inner.dataset.resume_positions)
+            self.next_worker = self.inner.dataset.worker_offset
+        seen: dict[str, int] = self.skipped()
+        for batch in self.inner:
+            if self.rows and batch.__restore_key__:
+                _, worker, position = batch.__restore_key__
+                self.positions[int(worker)] = int(position)
+                self.next_worker = (int(worker) + 1) % max(self.inner.num_workers, 1)
+            now = self.skipped()
+            batch.skipped = {k: n - seen.get(k, 0) for k, n in now.items() if n != seen.get(k, 0)}
+            seen = now
+            yield batch
+
+    def state_dict(self) -> dict:
+        """The position after the batches yielded so far, and the configuration's fingerprint."""
+        from energon_nemotron.state import encode_state
+
+        if self.rows:
+            position = {"workers": {str(k): v for k, v in self.positions.items()},
+                        "next_worker": self.next_worker}
+        else:
+            position = {"energon": encode_state(self.inner.save_state_rank())}
+        return {"fingerprint": self.fingerprint, "position": position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from ``state`` (before iterating); a different configuration is a ``ConfigError``
+        listing what changed."""
+        from energon_nemotron.state import check_fingerprint, decode_state
+
+        check_fingerprint(state.get("fingerprint", {}), self.fingerprint)
+        position = state.get("position", {})
+        if self.rows:
+            self.inner.dataset.resume_positions = {int(k): int(v) for k, v in position["workers"].items()}
+            self.inner.dataset.worker_offset = int(position.get("next_worker", 0))
+        else:
+            self.inner.restore_state_rank(decode_state(position["energon"]))
+
+
+def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
+    """Everything that changes the stream of batches: data (paths, split, the prepared index's
+    identity), cookers, task encoder and options, packing, tokenizer files, loader settings, rank
+    layout, seed, library version."""
+    from energon_nemotron import __version__
+    from energon_nemotron.registry import COOKERS
+    from energon_nemotron.state import file_digest
+
+    def source(src) -> Any:
+        if src is None:
+            return None
+        out = src.model_dump(mode="json")
+        path = Path(src.path)
+        index = path / ".nv-meta" / "index.uuid" if path.is_dir() else path.with_name(path.name + ".idx")
+        out["index"] = file_digest(index) if index.is_file() else None
+        return out
+
+    tok = Path(cfg.tokenizer)
+    return {
+        "library_version": __version__,
+        "split": split, "repeat": repeat,
+        "train": source(cfg.data.train), "validation": source(cfg.data.validation),
+        "default_cooker": cfg.data.default_cooker, "cookers": COOKERS.names(),
+        "task_encoder": cfg.task_encoder.model_dump(mode="json"),
+        "packing": cfg.packing.model_dump(mode="json") if cfg.packing else None,
+        "tokenizer": file_digest(*tok.glob("*")) if tok.is_dir() else str(tok),
+        "loader": cfg.loader.model_dump(mode="json"),
+    }
 
 
 def build_train_loader(config: ConfigLike, repeat: bool = True, dp_rank: Optional[int] = None,
-                       dp_size: Optional[int] = None) -> Iterable:
+                       dp_size: Optional[int] = None) -> Loader:
     """Batches of the training split for one data-parallel rank (``repeat=False``: one epoch,
     each of the rank's samples once)."""
     return _build(_with_dp(config, dp_rank, dp_size), validation=False, repeat=repeat)
@@ -141,6 +245,7 @@ class EvenedValidation:
     def __init__(self, cfg: LoaderConfig, group: Any = None) -> None:
         self.cfg = cfg
         self.group = group
+        self._loader: Optional[Loader] = None
 
     def _count(self, rank: int) -> int:
         other = _with_dp(self.cfg, rank, self.cfg.loader.dp_size)
@@ -158,9 +263,14 @@ class EvenedValidation:
         me = self.cfg.loader.dp_rank
         return max([mine] + [self._count(r) for r in range(self.cfg.loader.dp_size) if r != me])
 
+    def skipped(self) -> dict[str, int]:
+        """Samples skipped by this rank's pass, by reason."""
+        return self._loader.skipped() if self._loader is not None else {}
+
     def __iter__(self):
         last, n = None, 0
-        for batch in _build(self.cfg, validation=True, repeat=False):
+        self._loader = _build(self.cfg, validation=True, repeat=False)
+        for batch in self._loader:
             last, n = batch, n + 1
             yield batch
         for _ in range(self._max_count(n) - n):

@@ -9,6 +9,7 @@ as in training (so a weighted blend, which has no epoch, can be previewed).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
@@ -38,10 +39,21 @@ def batch_json(index: int, batch: PackedBatch) -> dict:
 
 
 def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool = False,
-                color: str = "auto", out=None, dp_rank: int = 0, dp_size: int = 1, split: str = "train") -> int:
+                color: str = "auto", out=None, dp_rank: int = 0, dp_size: int = 1, split: str = "train",
+                save_state: Optional[str] = None, load_state: Optional[str] = None) -> int:
     """Print the batches of ``split`` (``train`` | ``validation``) for data-parallel rank
-    ``dp_rank`` of ``dp_size``; returns the exit status."""
+    ``dp_rank`` of ``dp_size``; returns the exit status. ``load_state``: resume from a state file
+    first; ``save_state``: write the position after the last printed batch (atomically).
+    Anything the loader itself prints goes to stderr, so ``--json`` output stays parseable."""
     out = out or sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state)
+
+
+def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state) -> int:
+    from energon_nemotron.errors import ConfigError
+    from energon_nemotron.state import load_state_file, save_state_file
+
     cfg = load_config(config_path)
     if split == "validation":
         loader = build_val_loader(cfg, dp_rank=dp_rank, dp_size=dp_size)
@@ -50,12 +62,15 @@ def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool =
         loader = build_train_loader(cfg, repeat=batches is not None, dp_rank=dp_rank, dp_size=dp_size)
         source = cfg.data.train
     pad_id = loader.dataset.encoder.pad_id if isinstance(source, MegatronSource) else None
+    if (save_state or load_state) and split != "train":
+        raise ConfigError("--save-state / --load-state apply to the train split")
+    if load_state:
+        loader.load_state_dict(load_state_file(load_state))
     tokenizer = None if as_json else load_tokenizer(cfg.tokenizer)
     use_color = color == "always" or (color == "auto" and out.isatty())
     stats = Counter()
-    skipped: Counter = Counter()
-    source = loader if batches is None else itertools.islice(loader, batches)
-    for i, batch in enumerate(source):
+    stream = loader if batches is None else itertools.islice(loader, batches)
+    for i, batch in enumerate(stream):
         batch.validate()
         stats["batches"] += 1
         stats["rows"] += batch.batch_size
@@ -63,17 +78,18 @@ def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool =
         stats["padding_rows"] += sum(batch.is_padding)
         stats["positions"] += batch.batch_size * batch.seq_length
         stats["tokens"] += sum(int(c[-1]) for c in batch.cu_seqlens)
-        skipped.update(batch.skipped)
         if as_json:
             print(json.dumps(batch_json(i, batch)), file=out)
             continue
         print(f"=== batch {i}: {batch.batch_size} row(s), {batch.num_valid_tokens} trained labels", file=out)
         for r in range(batch.batch_size):
             print(row_text(r, batch.row(r), tokenizer, use_color, pad_id=pad_id), file=out)
+    if save_state:
+        save_state_file(save_state, loader.state_dict())
     summary = {"batches": stats["batches"], "rows": stats["rows"], "samples": stats["samples"],
                "padding_rows": stats["padding_rows"], "dp_rank": dp_rank, "dp_size": dp_size, "split": split,
                "fill_ratio": round(stats["tokens"] / stats["positions"], 6) if stats["positions"] else 0.0,
-               "skipped": dict(skipped)}
+               "skipped": loader.skipped()}
     if as_json:
         print(json.dumps({"summary": summary}), file=out)
     else:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 
 from megatron.energon import Cooker
 
-from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.errors import ConfigError, DataError, sample_where  # noqa: F401  (re-exported)
 from energon_nemotron.registry import COOKERS
 from energon_nemotron.types import Message
 
@@ -33,13 +33,6 @@ def build_cookers(default_cooker: Optional[str] = None) -> list[Cooker]:
     return cookers
 
 
-def sample_where(sample: dict) -> str:
-    """How errors name a crude sample: its ``__key__`` and, when known, its shard."""
-    key = str(sample.get("__key__", "?"))
-    shard = sample.get("__shard__")
-    return f"{key} (in {shard})" if shard else key
-
-
 def payload(sample: dict, where: str) -> dict:
     """The JSON object of a crude sample: the ``json`` member of a WebDataset sample or the line
     of a JSONL dataset (decoded by Energon, or raw bytes/str when no decoder runs)."""
@@ -52,12 +45,12 @@ def payload(sample: dict, where: str) -> dict:
         try:
             value = value.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(where, f"{keys[0]} is not valid UTF-8 (byte {e.start})") from None
+            raise DataError(where, f"{keys[0]} is not valid UTF-8 (byte {e.start})", "invalid_utf8") from None
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise DataError(where, f"{keys[0]} is not valid JSON: {e.msg}") from None
+            raise DataError(where, f"{keys[0]} is not valid JSON: {e.msg}", "invalid_json") from None
     if not isinstance(value, dict):
         raise DataError(where, f"{keys[0]} must hold a JSON object, got {type(value).__name__}")
     return value
@@ -90,9 +83,9 @@ def check_messages(messages: list[Message], where: str) -> list[Message]:
     """Every conversation needs an assistant turn, and assistant turns must not be empty."""
     for i, m in enumerate(messages):
         if m.role == "assistant" and not m.text.strip() and not m.media_parts and not m.reasoning:
-            raise DataError(where, f"message {i} is an empty assistant turn")
+            raise DataError(where, f"message {i} is an empty assistant turn", "empty_assistant")
     if not any(m.role == "assistant" for m in messages):
-        raise DataError(where, "the conversation has no assistant turn")
+        raise DataError(where, "the conversation has no assistant turn", "no_assistant")
     return messages
 
 

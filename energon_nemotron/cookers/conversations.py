@@ -45,7 +45,8 @@ MEDIA_TAG_RE = re.compile(r"<(image|video|audio)>")
 def _role(value, where: str, i: int) -> str:
     role = ROLE_ALIASES.get(value) if isinstance(value, str) else None
     if role is None:
-        raise DataError(where, f"turn {i} has unknown role {value!r} (known: {', '.join(sorted(ROLE_ALIASES))})")
+        raise DataError(where, f"turn {i} has unknown role {value!r} (known: {', '.join(sorted(ROLE_ALIASES))})",
+                        "unknown_role")
     return role
 
 
@@ -99,7 +100,8 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
             elif isinstance(frag, dict) and frag.get("t") in MODALITIES:
                 ref = media_ref(sample, frag.get("value"), frag["t"], where, frag.get("metadata"))
                 if ref.name in members_used and ref.name in sample:
-                    raise DataError(where, f"turn {i} fragment {j} references member {ref.name!r} a second time")
+                    raise DataError(where, f"turn {i} fragment {j} references member {ref.name!r} a second time",
+                                    "media_reference")
                 members_used.append(ref.name)
                 media.append(ref)
                 parts.append(MediaPart(frag["t"], len(media) - 1))
@@ -109,7 +111,8 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
         messages.append(Message(role, _merge_text(parts)))
     unused = [r.name for m in ("image", "video", "audio") for r in member_media(sample, m) if r.name not in members_used]
     if unused:
-        raise DataError(where, f"media members {unused} are never referenced: every media item must be referenced once")
+        raise DataError(where, f"media members {unused} are never referenced: every media item must be referenced once",
+                        "media_reference")
     return _conversation(sample, messages, [0], where, media)
 
 

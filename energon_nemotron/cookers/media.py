@@ -60,9 +60,9 @@ def path_media(sample: dict, value: Any, modality: str, where: str) -> MediaRef:
     root = dataset_root(sample, where).resolve()
     path = (root / value).resolve()
     if path != root and root not in path.parents:
-        raise DataError(where, f"{modality} path {value!r} escapes the dataset folder")
+        raise DataError(where, f"{modality} path {value!r} escapes the dataset folder", "path_escape")
     if not path.is_file():
-        raise DataError(where, f"{modality} file {value!r} not found under the dataset folder")
+        raise DataError(where, f"{modality} file {value!r} not found under the dataset folder", "missing_media")
     return MediaRef(modality, path, {}, name=value)
 
 
@@ -108,7 +108,8 @@ class MediaQueue:
         available = self.items.get(modality, [])
         k = self.used.get(modality, 0)
         if k >= len(available):
-            raise DataError(self.where, f"more {modality} references than {modality} items ({len(available)})")
+            raise DataError(self.where, f"more {modality} references than {modality} items ({len(available)})",
+                            "media_reference")
         self.used[modality] = k + 1
         self.media.append(available[k])
         return MediaPart(modality, len(self.media) - 1)
@@ -117,5 +118,5 @@ class MediaQueue:
         for modality, available in self.items.items():
             if self.used.get(modality, 0) != len(available):
                 raise DataError(self.where, f"{self.used.get(modality, 0)} {modality} references but "
-                                            f"{len(available)} {modality} items: every item must be referenced once")
+                                            f"{len(available)} {modality} items: every item must be referenced once", "media_reference")
         return self.media

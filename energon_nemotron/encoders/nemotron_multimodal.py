@@ -11,7 +11,6 @@ Without packing, each batch row holds one sample. Everything up to the packing b
 from __future__ import annotations
 
 import zlib
-from collections import Counter
 import dataclasses
 import math
 from typing import Any, Literal, Optional, Union
@@ -21,7 +20,7 @@ from pydantic import Field, model_validator
 
 from energon_nemotron.config import PackingConfig, StrictModel
 from energon_nemotron.cookers import build_cookers
-from energon_nemotron.errors import ConfigError, DataError, MediaError
+from energon_nemotron.errors import ConfigError, DataError, MediaError, SkipCounter
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up, row_media
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
@@ -58,6 +57,7 @@ class NemotronMultimodalOptions(StrictModel):
     tensor_parallel_size: int = Field(1, ge=1)
     sequence_parallel: bool = False
     mtp_num_layers: int = Field(0, ge=0)
+    max_media_bytes: int = Field(2 * 2**30, ge=1)
 
     @property
     def parallel_multiple(self) -> int:
@@ -114,8 +114,11 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
         o = self.options
         self.media = MediaHandlers(tok, TextEncoder(tok), media_options("image", o.image),
-                                   media_options("video", o.video), media_options("audio", o.audio))
-        self._skipped: Counter = Counter()
+                                   media_options("video", o.video), media_options("audio", o.audio),
+                                   max_bytes=o.max_media_bytes)
+        #: skips by reason (over-length skips here, ``on_error: skip`` in the loader's handler);
+        #: the loader replaces it with one sized for its workers before they start
+        self.skipped_counts = SkipCounter()
 
     # -- per sample ------------------------------------------------------------------------------
     @stateless
@@ -125,7 +128,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         try:
             planned = [self.media.plan(ref, i) for i, ref in enumerate(sample.media)]
         except MediaError as e:
-            raise DataError(key, str(e)) from None
+            raise DataError(key, str(e), e.code) from None
         segments = sample.segment_messages()
         encoded = self.text.encode(segments, key, preformatted=sample.preformatted,
                                    last_only=self.options.train_only_on_last_assistant_turn, media=planned)
@@ -142,7 +145,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         try:
             tensors = [self.media.process(ref, p) for ref, p in zip(sample.media, sample.media_plans)]
         except MediaError as e:
-            raise DataError(sample.__key__, str(e)) from None
+            raise DataError(sample.__key__, str(e), e.code) from None
         return EncodedSample.derive_from(sample, sources=sample.sources, cost=sample.cost,
                                          media_plans=sample.media_plans, media=sample.media, media_tensors=tensors)
 
@@ -155,14 +158,14 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         policy = self.options.over_length
         if policy == "error":
             raise DataError(key, f"sample takes {cost} positions, more than seq_length={L} "
-                                 "(task_encoder.options.over_length: error | skip | truncate)")
+                                 "(task_encoder.options.over_length: error | skip | truncate)", "over_length")
         if policy == "skip":
-            self._skipped["over_length"] += 1
+            self.skipped_counts.add("over_length")
             raise SkipSample()
         kept, room = [], L
         if planned:
             raise DataError(key, f"sample takes {cost} positions, more than seq_length={L}, and has media: "
-                                 "it cannot be truncated without cutting a placeholder (use over_length: skip)")
+                                 "it cannot be truncated without cutting a placeholder (use over_length: skip)", "over_length")
         for s in sources:
             if room <= 0:
                 break
@@ -196,7 +199,6 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
     @stateless
     def batch(self, samples: list[Union[PackedRow, EncodedSample]]) -> PackedBatch:
         rows = [s if isinstance(s, PackedRow) else self.pack_selected_samples([s]) for s in samples]
-        skipped, self._skipped = dict(self._skipped), Counter()
-        batch = batch_rows(rows, skipped)
+        batch = batch_rows(rows)
         batch.mtp_num_layers = self.options.mtp_num_layers
         return batch

@@ -172,7 +172,8 @@ def plan_audio(metadata: dict, options: AudioOptions = AudioOptions()) -> AudioP
     if not math.isfinite(duration) or duration <= 0:
         raise MediaError(f"audio duration {duration} s is empty or invalid")
     if duration > options.max_seconds:
-        raise MediaError(f"audio is {duration:.2f} s, over the {options.max_seconds:g} s limit")
+        raise MediaError(f"audio is {duration:.2f} s, over the {options.max_seconds:g} s limit",
+                         code="media_too_large")
     num_samples = int(round(duration * options.sample_rate))
     if num_samples <= 0:
         raise MediaError(f"audio duration {duration} s rounds to zero samples")

@@ -63,16 +63,26 @@ class PlannedMedia:
         return out
 
 
-def read_payload(ref: MediaRef) -> bytes | str | os.PathLike:
-    """The item's bytes or file path (an object with ``.get()``, e.g. an Energon ``Lazy``, is resolved)."""
+def read_payload(ref: MediaRef, max_bytes: Optional[int] = None) -> bytes | str | os.PathLike:
+    """The item's bytes or file path (an object with ``.get()``, e.g. an Energon ``Lazy``, is
+    resolved); larger than ``max_bytes`` is a ``MediaError`` before anything is decoded."""
     payload = ref.payload
     if hasattr(payload, "get") and not isinstance(payload, (bytes, dict)):
         payload = payload.get()
     if isinstance(payload, (bytes, bytearray, memoryview)):
-        return bytes(payload)
-    if isinstance(payload, (str, os.PathLike)):
-        return payload
-    raise MediaError(f"{ref.modality} {ref.name or ''}: unsupported payload type {type(payload).__name__}")
+        payload = bytes(payload)
+        size = len(payload)
+    elif isinstance(payload, (str, os.PathLike)):
+        try:
+            size = os.path.getsize(payload)
+        except OSError as e:
+            raise MediaError(f"{ref.modality} {ref.name}: {e}") from None
+    else:
+        raise MediaError(f"{ref.modality} {ref.name or ''}: unsupported payload type {type(payload).__name__}")
+    if max_bytes is not None and size > max_bytes:
+        raise MediaError(f"{ref.modality} {ref.name}: {size} bytes, over max_media_bytes {max_bytes}",
+                         code="media_too_large")
+    return payload
 
 
 @dataclass
@@ -85,6 +95,7 @@ class MediaHandlers:
     image_options: Any
     video_options: Any
     audio_options: Any
+    max_bytes: Optional[int] = None             # per media item, checked before any header is read
     decodes: dict = field(default_factory=lambda: {"image": 0, "video": 0, "audio": 0})
     _ids: Optional[dict] = None
 
@@ -109,14 +120,14 @@ class MediaHandlers:
             if "width" in md and "height" in md:
                 width, height = int(md["width"]), int(md["height"])
             else:
-                width, height = image_header_size(read_payload(ref))
+                width, height = image_header_size(read_payload(ref, self.max_bytes))
             plan = plan_image(width, height, self.image_options)
             n = plan.num_tokens
             return PlannedMedia(index, "image", plan, [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]], n)
         if ref.modality == "video":
             from energon_nemotron.media.video import plan_video, video_metadata, video_prompt
 
-            md = ref.metadata if {"width", "height", "duration", "fps"} <= set(ref.metadata) else video_metadata(read_payload(ref))
+            md = ref.metadata if {"width", "height", "duration", "fps"} <= set(ref.metadata) else video_metadata(read_payload(ref, self.max_bytes))
             plan = plan_video(md, self.video_options)
             prompt = video_prompt(plan)
             pieces = self.text.encode_many([VIDEO_INTRO] + [text for text, _ in prompt] + ["\n"])
@@ -130,7 +141,7 @@ class MediaHandlers:
         if ref.modality == "audio":
             from energon_nemotron.media.audio import audio_metadata, plan_audio
 
-            md = ref.metadata if {"duration", "sample_rate"} <= set(ref.metadata) else audio_metadata(read_payload(ref))
+            md = ref.metadata if {"duration", "sample_rate"} <= set(ref.metadata) else audio_metadata(read_payload(ref, self.max_bytes))
             plan = plan_audio(md, self.audio_options)
             n = plan.num_tokens
             return PlannedMedia(index, "audio", plan,
@@ -142,7 +153,7 @@ class MediaHandlers:
         """Decode one planned item. Visual: ``pixels`` float32 [P, 3·p·p], ``sizes`` int32 [units, 2]
         (patch grid per image, tile or frame); audio: ``features`` float32 [clips, F, mel],
         ``lengths`` int64 [clips]. The result is checked against the plan."""
-        payload = read_payload(ref)
+        payload = read_payload(ref, self.max_bytes)
         plan = planned.plan
         self.decodes[planned.modality] += 1
         if planned.modality == "audio":

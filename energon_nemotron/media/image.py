@@ -134,6 +134,8 @@ def _open(source: ImageSource) -> Image.Image:
         if isinstance(source, (bytes, bytearray, memoryview)):
             return Image.open(io.BytesIO(source))
         return Image.open(os.fspath(source))
+    except Image.DecompressionBombError as e:
+        raise MediaError(f"image over Pillow's decompression-bomb limit: {e}", code="media_too_large") from None
     except _DECODE_ERRORS as e:
         raise MediaError(f"cannot read image header: {type(e).__name__}: {e}") from None
 
@@ -208,7 +210,7 @@ def plan_image(width: int, height: int, options: ImageOptions = ImageOptions()) 
     width, height = int(width), int(height)
     if width * height > options.max_pixels:
         raise MediaError(f"image {width}x{height} = {width * height} pixels exceeds max_pixels "
-                         f"{options.max_pixels} (decompression-bomb guard)")
+                         f"{options.max_pixels} (decompression-bomb guard)", code="media_too_large")
     shuffle = options.downsample ** 2
     if options.mode == "dynamic":
         gh, gw = _dynamic_grid(width, height, options)

@@ -196,7 +196,8 @@ def plan_video(metadata: dict, options: VideoOptions = VideoOptions()) -> VideoP
     if width <= 0 or height <= 0 or not duration > 0 or not fps > 0 or num_source <= 0:
         raise MediaError(f"bad video metadata {metadata!r}")
     if duration > options.max_duration:
-        raise MediaError(f"video too long: {duration:.1f} s > max_duration {options.max_duration:g} s")
+        raise MediaError(f"video too long: {duration:.1f} s > max_duration {options.max_duration:g} s",
+                         code="media_too_large")
     n = min(max(int(options.fps * duration), options.min_frames), options.max_frames, num_source)
     grid_h, grid_w = _frame_grid(width, height, options)
     return VideoPlan(width=width, height=height, duration=duration, fps=fps, num_source_frames=num_source,

@@ -13,7 +13,8 @@ def collate_rows(rows: Sequence[dict[str, Any]]) -> PackedBatch:
     """Stack encoded rows (``MegatronSFTPackedEncoder.encode`` outputs) into a ``PackedBatch``.
 
     ``cu_seqlens_padded`` equals ``cu_seqlens`` here: Megatron-LM bakes the CP pads into the
-    segments. A row with ``is_padding`` (validation padding) keeps its all-zero loss mask.
+    segments. A row with ``is_padding`` (validation padding) keeps its all-zero loss mask;
+    ``__restore_key__`` records the resume position.
     """
     if not rows:
         raise ValueError("collate_rows needs at least one row")
@@ -30,4 +31,6 @@ def collate_rows(rows: Sequence[dict[str, Any]]) -> PackedBatch:
         max_seqlen=[int(r["max_seqlen"]) for r in rows],
         sample_keys=[list(r.get("sample_keys", [])) for r in rows],
         is_padding=[bool(r.get("is_padding", False)) for r in rows],
+        # ("megatron_rows", worker id, items of that worker's stream consumed): the resume position
+        __restore_key__=("megatron_rows", *rows[-1]["position"]) if "position" in rows[-1] else (),
     )

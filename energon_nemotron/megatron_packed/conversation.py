@@ -30,14 +30,14 @@ def row_messages(row: Any, chat_key: str, where: str | None) -> list[dict]:
                                    f"got {type(m).__name__}")
         role = m.get("role")
         if role not in ROLES:
-            raise DataError(where, f"message {i} has unknown role {role!r} (expected one of {', '.join(ROLES)})")
+            raise DataError(where, f"message {i} has unknown role {role!r} (expected one of {', '.join(ROLES)})", "unknown_role")
         content = m.get("content")
         if not isinstance(content, str):
             kind = "missing" if content is None and "content" not in m else type(content).__name__
             raise DataError(where, f"message {i} ({role}) content must be a string, got {kind}: "
                                    "multimodal content is not supported on the megatron_sft_packed path")
         if role == "assistant" and len(content) == 0:
-            raise DataError(where, f"message {i} is an empty assistant turn")
+            raise DataError(where, f"message {i} is an empty assistant turn", "empty_assistant")
     return messages
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
 
-from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.errors import ConfigError, DataError, SkipCounter
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 
 
@@ -42,11 +43,11 @@ def parse_json_line(raw: bytes, where: str) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(where, f"invalid UTF-8 at byte {e.start}") from None
+        raise DataError(where, f"invalid UTF-8 at byte {e.start}", "invalid_utf8") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(where, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        raise DataError(where, f"invalid JSON: {e.msg} (column {e.colno})", "invalid_json") from None
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, int, bytes]]:
@@ -67,14 +68,20 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         encoder: a :class:`MegatronSFTPackedEncoder`.
         dp_rank, dp_size: this rank and the data-parallel world size.
         validation: pad ranks to equal length (see the module docstring).
+        on_error: ``raise`` (a ``DataError`` naming file and line) or ``skip`` (the row is dropped and
+            counted by reason in ``skips``, a ``SkipCounter`` shared with the workers).
 
-    Yields ``encoder.encode`` dicts with ``is_padding`` added; batch them with ``collate_rows``.
-    After each pass, truncated rows and rows containing the pad id are reported as warnings with
-    their line numbers (``TruncationWarning``, ``PadInContentWarning``); ``last_report`` holds them.
+    Yields ``encoder.encode`` dicts with ``is_padding`` and ``position`` (worker id, items of the
+    worker's stream consumed) added; batch them with ``collate_rows``. Setting
+    ``resume_positions`` (``{worker id: items}``, from ``PackedBatch.__restore_key__``) before
+    iterating resumes each worker exactly there. After each pass, truncated rows and rows
+    containing the pad id are reported as warnings with their line numbers
+    (``TruncationWarning``, ``PadInContentWarning``); ``last_report`` holds them and the skips.
     """
 
     def __init__(self, path: str | Path, encoder: MegatronSFTPackedEncoder, dp_rank: int = 0,
-                 dp_size: int = 1, validation: bool = False) -> None:
+                 dp_size: int = 1, validation: bool = False, on_error: str = "raise",
+                 skips: Optional[SkipCounter] = None) -> None:
         super().__init__()
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise ConfigError(f"invalid dp_rank={dp_rank} / dp_size={dp_size}")
@@ -85,6 +92,14 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.validation = validation
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+        self.skips = skips or SkipCounter()
+        self.resume_positions: dict[int, int] = {}
+        #: after a restore, DataLoader worker w plays stream w + worker_offset, so that the stream
+        #: due next comes first (the DataLoader's round-robin always starts at worker 0)
+        self.worker_offset = 0
         self._num_rows: Optional[int] = None
         self.last_report: dict[str, Any] = {}
 
@@ -100,11 +115,12 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
             return math.ceil(n / self.dp_size)
         return len(range(self.dp_rank, n, self.dp_size))
 
-    def _mine(self) -> tuple[int, int]:
-        """(first, step) of this rank's and worker's rows among all rows."""
+    def _mine(self) -> tuple[int, int, int]:
+        """(worker id, first, step) of this rank's and worker's rows among all rows."""
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.dp_rank + wid * self.dp_size, self.dp_size * nw
+        wid = (wid + self.worker_offset) % nw
+        return wid, self.dp_rank + wid * self.dp_size, self.dp_size * nw
 
     def _encode(self, raw: bytes, line_no: int) -> dict[str, Any]:
         where = f"{self.path}:{line_no}"
@@ -113,28 +129,48 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         except DataError as e:
             raise e.located(where) from None
 
+    def _items(self, first: int, step: int) -> Iterator[tuple[int, bytes, bool]]:
+        """(line number, raw line, is padding) of this worker's rows, then its padding rows."""
+        for row, line_no, raw in iter_jsonl(self.path):
+            if row >= first and (row - first) % step == 0:
+                yield line_no, raw, False
+        if self.validation:
+            for line_no, raw in self._padding_rows(first, step):
+                yield line_no, raw, True
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        first, step = self._mine()
+        wid, first, step = self._mine()
         truncated: list[int] = []
         with_pad: list[int] = []
+        skipped: Counter = Counter()
         rows = 0
-        for row, line_no, raw in iter_jsonl(self.path):
-            if row < first or (row - first) % step:
+        start = self.resume_positions.get(wid, 0)
+        for position, (line_no, raw, padding) in enumerate(self._items(first, step), 1):
+            if position <= start:
                 continue
-            out = self._encode(raw, line_no)
-            rows += 1
-            if out["truncated"]:
-                truncated.append(line_no)
-            if out["pad_in_content"]:
-                with_pad.append(line_no)
-            out["is_padding"] = False
+            try:
+                out = self._encode(raw, line_no)
+            except DataError as e:
+                if self.on_error == "raise":
+                    raise
+                skipped[e.code] += 1
+                self.skips.add(e.code)
+                continue
+            if padding:
+                out["loss_mask"] = torch.zeros_like(out["loss_mask"])
+            else:
+                rows += 1
+                if out["truncated"]:
+                    truncated.append(line_no)
+                if out["pad_in_content"]:
+                    with_pad.append(line_no)
+            out["is_padding"] = padding
+            out["position"] = (wid, position)
             yield out
-        if self.validation:
-            yield from self._padding_rows(first, step)
-        self._report(rows, truncated, with_pad)
+        self._report(rows, truncated, with_pad, dict(skipped))
 
-    def _padding_rows(self, first: int, step: int) -> Iterator[dict[str, Any]]:
-        """This worker's share of the rank's padding rows (real row index >= N)."""
+    def _padding_rows(self, first: int, step: int) -> Iterator[tuple[int, bytes]]:
+        """This worker's share of the rank's padding rows (real row index >= N): (line, raw)."""
         n = self.num_rows()
         per_rank = math.ceil(n / self.dp_size)
         wanted = {}
@@ -146,13 +182,11 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
             return
         for row, line_no, raw in iter_jsonl(self.path):
             for _ in range(wanted.get(row, 0)):
-                out = self._encode(raw, line_no)
-                out["loss_mask"] = torch.zeros_like(out["loss_mask"])
-                out["is_padding"] = True
-                yield out
+                yield line_no, raw
 
-    def _report(self, rows: int, truncated: list[int], with_pad: list[int]) -> None:
-        self.last_report = {"rows": rows, "truncated_lines": truncated, "pad_in_content_lines": with_pad}
+    def _report(self, rows: int, truncated: list[int], with_pad: list[int], skipped: dict) -> None:
+        self.last_report = {"rows": rows, "truncated_lines": truncated, "pad_in_content_lines": with_pad,
+                            "skipped": skipped}
         if truncated:
             warnings.warn(TruncationWarning(
                 f"{self.path}: {len(truncated)} of {rows} rows were longer than seq_length="

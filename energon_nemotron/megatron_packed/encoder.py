@@ -29,7 +29,7 @@ def _usable(tc: TokenizedConversation, where: Optional[str]) -> tuple[np.ndarray
     """(tokens, targets) of a tokenized conversation; its deferred error, or an empty one, raises."""
     tokens, targets = tc.get()
     if tokens.shape[0] == 0:
-        raise DataError(where, "the conversation renders to no tokens")
+        raise DataError(where, "the conversation renders to no tokens", "empty_conversation")
     return tokens, targets
 
 

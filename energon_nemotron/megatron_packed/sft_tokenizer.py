@@ -155,9 +155,9 @@ class SFTConversationTokenizer:
                     f"{show(piece[:8])}{'...' if len(piece) > 8 else ''} but inside the conversation "
                     f"{show(got[:8])}{'...' if len(got) > 8 else ''}; the tokenizer merges across a turn "
                     "boundary (per-turn tokenization must concatenate to the whole conversation's, as "
-                    "Megatron-LM's SFTTokenizer requires). End turns at a token boundary, e.g. with a newline"))
+                    "Megatron-LM's SFTTokenizer requires). End turns at a token boundary, e.g. with a newline"), "tokenization")
             idx += len(piece)
-        return DataError(where, f"turn tokens cover {idx} of {len(ids)} tokens")
+        return DataError(where, f"turn tokens cover {idx} of {len(ids)} tokens", "tokenization")
 
     def count_tokens(self, conversation: list[dict], where: Optional[str] = None) -> int:
         """Tokens of one conversation (raises its ``DataError`` if it cannot be tokenized)."""

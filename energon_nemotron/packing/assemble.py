@@ -125,8 +125,8 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
     return media
 
 
-def batch_rows(rows: Sequence[PackedRow], skipped: dict | None = None) -> PackedBatch:
-    """Stack rows into a ``PackedBatch`` (``skipped``: per-reason counts to report with it)."""
+def batch_rows(rows: Sequence[PackedRow]) -> PackedBatch:
+    """Stack rows into a ``PackedBatch``."""
     return PackedBatch(
         tokens=torch.stack([r.tokens for r in rows]),
         labels=torch.stack([r.labels for r in rows]),
@@ -136,7 +136,6 @@ def batch_rows(rows: Sequence[PackedRow], skipped: dict | None = None) -> Packed
         cu_seqlens_padded=[r.cu_seqlens_padded for r in rows],
         max_seqlen=[r.max_seqlen for r in rows],
         sample_keys=[list(r.keys) for r in rows],
-        skipped=dict(skipped or {}),
         media=batch_media(rows),
         media_spans=[list(r.media_spans) for r in rows],
     )

@@ -26,6 +26,8 @@ RESERVED = (MEDIA_MARKER, "<img>", "</img>", "<image>", "<so_start>", "<so_embed
 class NoTrainableTokensError(DataError):
     """A sample whose loss mask would be all zero (nothing to learn from it)."""
 
+    default_code = "no_trainable_tokens"
+
 
 class ConversationTokenizer:
     """Tokenizes conversations in a named prompt format.
@@ -55,7 +57,7 @@ class ConversationTokenizer:
                         if tag in part:
                             shown = "U+E000 (the media marker)" if tag == MEDIA_MARKER else tag
                             raise DataError(key, f"message {i} ({m.role}) contains the reserved media tag "
-                                                 f"{shown} in its text; media must be referenced as media items")
+                                                 f"{shown} in its text; media must be referenced as media items", "reserved_tag")
 
     def render(self, messages: list[Message], key: str, preformatted: bool = False,
                last_only: bool = False) -> Rendered:
@@ -82,7 +84,7 @@ class ConversationTokenizer:
         markers = sum(len(p) - 1 for p in pieces_per_segment)
         if markers != len(media):
             raise DataError(key, f"the rendered conversation references {markers} media items, but the sample "
-                                 f"has {len(media)}: the prompt format dropped or repeated a media reference")
+                                 f"has {len(media)}: the prompt format dropped or repeated a media reference", "media_reference")
         flat = [piece for pieces in pieces_per_segment for piece in pieces]
         encodings = self.backend.encode_batch(flat, add_special_tokens=False)
         out, at, next_media = [], 0, 0
@@ -100,7 +102,7 @@ class ConversationTokenizer:
                     c = bad[0]
                     raise DataError(key, f"a trained span boundary at character {c} falls inside a token "
                                          f"({r.text[max(0, c - 12):c]!r}|{r.text[c:c + 12]!r}): the tokenizer "
-                                         "merges across the turn boundary, so the loss mask would be ambiguous")
+                                         "merges across the turn boundary, so the loss mask would be ambiguous", "tokenization")
             text_trained = token_mask_from_spans(offsets, r.spans)
             tokens: list[int] = []
             trained: list[np.ndarray] = []

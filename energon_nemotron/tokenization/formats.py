@@ -76,18 +76,20 @@ def split_thinking(content: str, reasoning: Optional[str], key: str) -> tuple[st
     ``<think>…</think>`` block of the content. More than one block, or a stray tag, is an error."""
     if reasoning is not None:
         if "<think>" in content or "</think>" in content:
-            raise DataError(key, "assistant turn has both a reasoning field and <think> tags in its content")
+            raise DataError(key, "assistant turn has both a reasoning field and <think> tags in its content",
+                            "invalid_thinking")
         return reasoning, content
     blocks = THINK_RE.findall(content)
     if not blocks:
         if "<think>" in content or "</think>" in content:
-            raise DataError(key, "assistant turn has an unmatched <think> or </think> tag")
+            raise DataError(key, "assistant turn has an unmatched <think> or </think> tag", "invalid_thinking")
         return "", content
     if len(blocks) > 1 or not content.lstrip().startswith("<think>"):
-        raise DataError(key, "assistant turn must have at most one <think>…</think> block, at its start")
+        raise DataError(key, "assistant turn must have at most one <think>…</think> block, at its start",
+                        "invalid_thinking")
     body = THINK_RE.sub("", content, count=1)
     if "<think>" in body or "</think>" in body:
-        raise DataError(key, "assistant turn has an unmatched <think> or </think> tag")
+        raise DataError(key, "assistant turn has an unmatched <think> or </think> tag", "invalid_thinking")
     return blocks[0].strip("\n"), body.lstrip("\n")
 
 
@@ -226,7 +228,7 @@ class TokenizerTemplateFormat(PromptFormat):
             if not (upto.startswith(head) and text.startswith(upto)) or len(upto) == len(head):
                 raise DataError(key, f"the chat template is not prefix-consistent at message {i}: the "
                                      "rendering up to an assistant turn is not a prefix of the whole "
-                                     "conversation, so its span cannot be derived; add {% generation %} markers")
+                                     "conversation, so its span cannot be derived; add {% generation %} markers", "tokenization")
             spans.append((len(head), len(upto)))
         return Rendered(text, spans)
 
