@@ -76,7 +76,7 @@ def test_tokenization_invariants(fmt, preformatted, conv, last_only):
             assert not in_span[a:b].any()        # and nothing of it is left untrained
     assert covered[in_span].all()
     # every assistant turn has a span (preformatted: unless its text is empty; cookers reject those)
-    n_assistant = sum(m.role == "assistant" and (m.text or not preformatted) for m in conv)
+    n_assistant = sum(1 for m in conv if m.role == "assistant" and (m.text or not preformatted))
     assert len(rendered.spans) == (min(1, n_assistant) if last_only else n_assistant)
 
 
