@@ -1,8 +1,15 @@
-"""Seconds and fill of the offline packers in ``energon_nemotron.packing.algorithms``.
+"""Fill of every packer in online buffers, and seconds and fill of the offline packers.
 
-Lengths: lognormal (median 600, sigma 0.9, ``numpy.random.default_rng(0)``), rounded, clipped to
->= 1; capacity 4096. ``--offline`` (the main number): 1,000,000 lengths, name ``packing_offline``;
-without it (and always with ``--quick``): 100,000 lengths, name ``packing``.
+Without ``--offline`` (name ``packing``): every registered packer over consecutive buffers of 64,
+256 and 1024 samples, capacity 4096, on (a) lognormal lengths (median 600, sigma 0.9) and (b) a
+multimodal mix (text, image and video samples, each with a token length and a count of vision
+patches). Fill = tokens / (packs × capacity); the per-buffer bound is ⌈Σ/capacity⌉ packs. For the
+mix, ``minimum_bin_slack`` also runs with a second budget of vision patches per pack
+(``max_media_patches_per_pack``): the table shows token fill, patch fill and the largest pack's
+patches against the mean (balance of vision-encoder work). ``ratio`` = the best packer's fill at
+buffer 256 on (a), goal >= 0.99.
+
+``--offline`` (name ``packing_offline``; ``--quick``: 100,000 lengths):
 
 Timed in the same run: ``best_fit_decreasing`` (the result: ``ratio`` = its seconds, goal 1.0 s,
 lower is better), ``first_fit_decreasing``, and a plain-Python best-fit-decreasing written here
@@ -23,6 +30,80 @@ import _common as C
 CAPACITY = 4096
 FILL_GOAL = 0.9998
 SECONDS_GOAL = 1.0
+ONLINE_GOAL = 0.99
+PATCH_BUDGET = 8192
+
+
+def multimodal_mix(n: int, np, seed: int = 1):
+    """(tokens, patches) int64 [n]: 60 % text, 30 % image (256-1024 image tokens, 4 patches per
+    token), 10 % video (1000-2000 visual tokens), text parts lognormal."""
+    rng = np.random.default_rng(seed)
+    kind = rng.choice(3, size=n, p=[0.6, 0.3, 0.1])
+    text = np.maximum(np.rint(rng.lognormal(math.log(400), 0.8, size=n)), 1).astype(np.int64)
+    visual = np.where(kind == 1, rng.integers(256, 1025, size=n), np.where(kind == 2, rng.integers(1000, 2001, size=n), 0))
+    return np.minimum(text + visual, CAPACITY), 4 * visual
+
+
+def online(args) -> int:
+    """Per-buffer fill of every packer (see the module docstring)."""
+    C.limit_threads()
+    import numpy as np
+
+    from energon_nemotron.registry import PACKERS
+
+    n = 4096 if args.quick else 32768
+    lengths = lognormal_lengths(n, np)
+    mix_tokens, mix_patches = multimodal_mix(n, np)
+    buffers = (64, 256, 1024)
+    rows, best = [], {}
+    for dist, toks in (("lognormal", lengths), ("multimodal", mix_tokens)):
+        toks = np.minimum(toks, CAPACITY)
+        for b in buffers:
+            chunks = [toks[s:s + b] for s in range(0, n - n % b, b)]
+            bound = sum(math.ceil(int(c.sum()) / CAPACITY) for c in chunks)
+            total = sum(int(c.sum()) for c in chunks)
+            rows.append((dist, b, "(bound)", total / (bound * CAPACITY), 0.0))
+            for name in PACKERS.names():
+                fn = PACKERS.get(name)
+                secs = C.bench_timer(lambda: best.__setitem__("bins", [fn(c, CAPACITY) for c in chunks]), 1)[0]
+                packs = sum(len(x) for x in best["bins"])
+                rows.append((dist, b, name, total / (packs * CAPACITY), secs * 1000 / len(chunks)))
+    print(f"{'lengths':<11}{'buffer':>7}  {'packer':<26}{'fill':>9}{'ms/buffer':>11}")
+    for dist, b, name, fill, ms in rows:
+        print(f"{dist:<11}{b:>7}  {name:<26}{fill:>9.4%}{ms:>11.2f}")
+    at256 = {name: fill for dist, b, name, fill, _ in rows if dist == "lognormal" and b == 256 and name != "(bound)"}
+    winner = max(at256, key=at256.get)
+
+    # the second budget: vision patches per pack
+    from energon_nemotron.packing.refine import minimum_bin_slack
+
+    balance = {}
+    for label, kwargs in (("tokens only", {}), (f"+ {PATCH_BUDGET} patches", {"secondary": None})):
+        packs_t = packs_p = 0
+        peaks, means, total_t, total_p = [], [], 0, 0
+        for s in range(0, n - n % 256, 256):
+            t, p = mix_tokens[s:s + 256], mix_patches[s:s + 256]
+            extra = {"secondary": p, "secondary_capacity": PATCH_BUDGET} if kwargs else {}
+            bins = minimum_bin_slack(t, CAPACITY, **extra)
+            per = [int(p[x].sum()) for x in bins]
+            peaks.append(max(per))
+            means.append(sum(per) / len(per))
+            packs_t += len(bins)
+            total_t += int(t.sum())
+            total_p += int(p.sum())
+        balance[label] = {"token_fill": total_t / (packs_t * CAPACITY), "patch_fill": total_p / (packs_t * PATCH_BUDGET),
+                          "max_patches": max(peaks), "peak_over_mean": float(np.mean(peaks) / np.mean(means))}
+    print(f"\nmultimodal mix, buffer 256, minimum_bin_slack: vision patches per pack")
+    print(f"{'budgets':<22}{'token fill':>11}{'patch fill':>11}{'max patches':>13}{'peak/mean':>11}")
+    for label, r in balance.items():
+        print(f"{label:<22}{r['token_fill']:>11.4%}{r['patch_fill']:>11.4%}{r['max_patches']:>13}{r['peak_over_mean']:>11.2f}")
+    C.emit({"name": "packing", "ratio": round(at256[winner], 6), "goal": ONLINE_GOAL, "better": "higher",
+            "packer": winner, "fill_at_256": {k: round(v, 6) for k, v in at256.items()},
+            "bound_at_256": round(next(f for d, b, nm, f, _ in rows if d == "lognormal" and b == 256 and nm == "(bound)"), 6),
+            "fills": [{"lengths": d, "buffer": b, "packer": nm, "fill": round(f, 6)} for d, b, nm, f, _ in rows],
+            "media_balance": {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in balance.items()},
+            "patch_budget": PATCH_BUDGET, "n": n, "quick": bool(args.quick)})
+    return 0
 
 
 def lognormal_lengths(n: int, np, median: float = 600.0, sigma: float = 0.9, seed: int = 0):
@@ -70,14 +151,16 @@ def check_bins(bins: list[list[int]], lengths, capacity: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="100k lengths for everything")
+    ap.add_argument("--quick", action="store_true", help="fewer lengths (offline: 100k)")
     ap.add_argument("--offline", action="store_true", help="1M lengths (the main number)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs of the package packers")
     args = ap.parse_args(argv)
-    offline = args.offline and not args.quick
+    if not args.offline:
+        return online(args)
+    offline = not args.quick
     n = 1_000_000 if offline else 100_000
     repeats = args.repeats or (3 if args.quick else 5)
-    name = "packing_offline" if args.offline else "packing"
+    name = "packing_offline"
 
     C.limit_threads()
     import numpy as np

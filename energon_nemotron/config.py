@@ -3,7 +3,8 @@
 ```yaml
 tokenizer: PATH                      # a Hugging Face tokenizer directory
 task_encoder: {name: nemotron_multimodal, options: {prompt_format: tokenizer, seq_length: 4096}}
-packing: {algorithm: best_fit_decreasing, buffer_size: 256, pad_multiple: 1, max_sequences_per_bin: null}
+packing: {algorithm: best_fit_decreasing, buffer_size: 256, pad_multiple: 1, max_sequences_per_bin: null,
+          max_media_patches_per_pack: null}
 data: {train: {path: DATASET_DIR, split: train}, validation: null, default_cooker: null}
 loader: {batch_size: 1, num_workers: 2, shuffle_buffer_size: 1000, seed: 1234}
 ```
@@ -42,10 +43,12 @@ class StrictModel(BaseModel):
 
 
 class PackingConfig(StrictModel):
-    algorithm: str = "best_fit_decreasing"
+    algorithm: str = "minimum_bin_slack"
     buffer_size: int = Field(256, ge=1)
     pad_multiple: int = Field(1, ge=1)
     max_sequences_per_bin: Optional[int] = Field(None, ge=1)
+    #: second budget per pack: vision patches (images and video frames), balancing encoder work
+    max_media_patches_per_pack: Optional[int] = Field(None, ge=1)
 
     @field_validator("algorithm")
     @classmethod
@@ -117,6 +120,8 @@ class LoaderSettings(StrictModel):
     dp_rank: int = Field(0, ge=0)
     dp_size: int = Field(1, ge=1)
     on_error: Literal["raise", "skip"] = "raise"
+    #: log a one-line telemetry summary (logger ``energon_nemotron``) every N batches; 0: never
+    log_every: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _rank(self) -> "LoaderSettings":

@@ -50,30 +50,11 @@ CODES = ("invalid_sample", "invalid_json", "invalid_utf8", "unknown_role", "empt
          "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large", "other")
 
 
-class SkipCounter:
-    """Counts skipped samples by reason across ``DataLoader`` worker processes.
+def SkipCounter(num_workers: int = 0):
+    """A shared counter of skipped samples by reason code (``CODES``) across worker processes."""
+    from energon_nemotron.telemetry import SharedCounter
 
-    A small int64 table in shared memory (one row per worker, one column per code in ``CODES``),
-    created before the workers fork: each worker adds to its own row, the main process reads the
-    sums at any time, so no count is lost even when a worker yields no batch after its skips.
-    """
-
-    def __init__(self, num_workers: int = 0) -> None:
-        import torch
-
-        self.table = torch.zeros(num_workers + 1, len(CODES), dtype=torch.int64).share_memory_()
-
-    def add(self, code: str, n: int = 1) -> None:
-        import torch.utils.data
-
-        info = torch.utils.data.get_worker_info()
-        row = 0 if info is None else min(info.id + 1, self.table.shape[0] - 1)
-        col = CODES.index(code) if code in CODES else CODES.index("other")
-        self.table[row, col] += n
-
-    def totals(self) -> dict[str, int]:
-        sums = self.table.sum(0).tolist()
-        return {code: int(n) for code, n in zip(CODES, sums) if n}
+    return SharedCounter(CODES, num_workers)
 
 
 def error_code(exc: BaseException) -> str:
@@ -109,7 +90,7 @@ class ErrorPolicy:
     :class:`SkipCounter`), so nothing disappears uncounted.
     """
 
-    def __init__(self, mode: str, counts: "SkipCounter") -> None:
+    def __init__(self, mode: str, counts) -> None:
         if mode not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {mode!r}")
         self.mode = mode

@@ -24,6 +24,7 @@ import torch
 
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, load_config
 from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
+from energon_nemotron.telemetry import LoaderStats, SharedCounter
 from energon_nemotron.registry import TASK_ENCODERS
 
 ConfigLike = Union[LoaderConfig, str, Path, dict]
@@ -60,7 +61,7 @@ def _worker_config(cfg: LoaderConfig, encoder: Any):
                         seed_offset=cfg.loader.seed, global_error_handler=policy)
 
 
-def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, skips: SkipCounter) -> Iterable:
+def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, skips: SharedCounter) -> Iterable:
     from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, MegatronSFTPackedEncoder, collate_rows
 
     encoder = MegatronSFTPackedEncoder(cfg.tokenizer, src.seq_length, prompt_format=src.prompt_format,
@@ -74,11 +75,12 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, s
 
 
 def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, repeat: bool,
-                    skips: SkipCounter) -> Iterable:
+                    skips: SharedCounter, decodes: SharedCounter) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
     encoder = build_task_encoder(cfg)
     encoder.skipped_counts = skips
+    encoder.media.decodes = decodes
     if cfg.loader.on_error == "skip":
         encoder.__default_failure_tolerance__ = 0      # skipping never turns into a fatal error
     common = dict(worker_config=_worker_config(cfg, encoder), batch_size=cfg.loader.batch_size,
@@ -122,8 +124,12 @@ def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
     fp = fingerprint(cfg, "validation" if validation else "train", repeat)
     skips = SkipCounter(cfg.loader.num_workers)
     if isinstance(src, MegatronSource):
-        return Loader(_megatron_loader(cfg, src, validation, skips), fp, skips, rows=True)
-    return Loader(_energon_loader(cfg, src, validation, repeat, skips), fp, skips)
+        inner = _megatron_loader(cfg, src, validation, skips)
+        stats = LoaderStats(skips, None, pad_id=inner.dataset.encoder.pad_id, log_every=cfg.loader.log_every)
+        return Loader(inner, fp, stats, rows=True)
+    decodes = SharedCounter(("image", "video", "audio"), cfg.loader.num_workers)
+    inner = _energon_loader(cfg, src, validation, repeat, skips, decodes)
+    return Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every))
 
 
 class Loader:
@@ -134,10 +140,10 @@ class Loader:
     batches the original would have yielded next. The state carries :func:`fingerprint`.
     """
 
-    def __init__(self, inner: Any, fingerprint: dict, skips: SkipCounter, rows: bool = False) -> None:
+    def __init__(self, inner: Any, fingerprint: dict, stats: LoaderStats, rows: bool = False) -> None:
         self.inner = inner
         self.fingerprint = fingerprint
-        self.skips = skips          # skipped samples by reason, summed over the workers
+        self.stats = stats          # running telemetry (skips and media decodes summed over workers)
         self.rows = rows            # Megatron-LM rows (a DataLoader over MegatronSFTPackedDataset)
         self.positions: dict[int, int] = {}
         self.next_worker = 0
@@ -148,7 +154,11 @@ class Loader:
 
     def skipped(self) -> dict[str, int]:
         """Samples skipped so far, by reason (all workers)."""
-        return self.skips.totals()
+        return self.stats.skips.totals()
+
+    def telemetry(self) -> dict:
+        """Batches, packs, samples, tokens, fill ratio, tokens/s, media decoded and skips so far."""
+        return self.stats.as_dict()
 
     def __iter__(self):
         if self.rows:
@@ -163,6 +173,7 @@ class Loader:
             now = self.skipped()
             batch.skipped = {k: n - seen.get(k, 0) for k, n in now.items() if n != seen.get(k, 0)}
             seen = now
+            self.stats.update(batch)
             yield batch
 
     def state_dict(self) -> dict:
@@ -266,6 +277,12 @@ class EvenedValidation:
     def skipped(self) -> dict[str, int]:
         """Samples skipped by this rank's pass, by reason."""
         return self._loader.skipped() if self._loader is not None else {}
+
+    def telemetry(self) -> dict:
+        """The telemetry of this rank's real batches (padding batches excluded)."""
+        if self._loader is None:
+            return LoaderStats(SkipCounter(), None).as_dict()
+        return self._loader.telemetry()
 
     def __iter__(self):
         last, n = None, 0

@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import json
 import sys
-from collections import Counter
 from typing import Optional
 
 from energon_nemotron.config import MegatronSource, load_config
@@ -68,16 +67,12 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
         loader.load_state_dict(load_state_file(load_state))
     tokenizer = None if as_json else load_tokenizer(cfg.tokenizer)
     use_color = color == "always" or (color == "auto" and out.isatty())
-    stats = Counter()
+    printed = padding_rows = 0
     stream = loader if batches is None else itertools.islice(loader, batches)
     for i, batch in enumerate(stream):
         batch.validate()
-        stats["batches"] += 1
-        stats["rows"] += batch.batch_size
-        stats["samples"] += sum(len(k) for k, pad in zip(batch.sample_keys, batch.is_padding) if not pad)
-        stats["padding_rows"] += sum(batch.is_padding)
-        stats["positions"] += batch.batch_size * batch.seq_length
-        stats["tokens"] += sum(int(c[-1]) for c in batch.cu_seqlens)
+        printed += 1
+        padding_rows += sum(batch.is_padding)
         if as_json:
             print(json.dumps(batch_json(i, batch)), file=out)
             continue
@@ -86,10 +81,10 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
             print(row_text(r, batch.row(r), tokenizer, use_color, pad_id=pad_id), file=out)
     if save_state:
         save_state_file(save_state, loader.state_dict())
-    summary = {"batches": stats["batches"], "rows": stats["rows"], "samples": stats["samples"],
-               "padding_rows": stats["padding_rows"], "dp_rank": dp_rank, "dp_size": dp_size, "split": split,
-               "fill_ratio": round(stats["tokens"] / stats["positions"], 6) if stats["positions"] else 0.0,
-               "skipped": loader.skipped()}
+    t = loader.telemetry()        # the real batches (validation padding batches are not in it)
+    summary = {"batches": printed, "packs": t["packs"], "samples": t["samples"], "padding_rows": padding_rows,
+               "dp_rank": dp_rank, "dp_size": dp_size, "split": split, "fill_ratio": round(t["fill_ratio"], 6),
+               "tokens_per_s": round(t["tokens_per_s"]), "media_decoded": t["media_decoded"], "skipped": t["skipped"]}
     if as_json:
         print(json.dumps({"summary": summary}), file=out)
     else:

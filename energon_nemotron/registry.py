@@ -62,7 +62,8 @@ class Registry(Generic[T]):
 
 
 #: Packing algorithms: ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``.
-PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms"])
+PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms",
+                                                   "energon_nemotron.packing.refine"])
 #: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
 PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats"])
 #: Cookers: ``name -> cook function`` (``@stateless``; ``cookers/``).

@@ -105,6 +105,7 @@ class EncodedSample(Sample):
     sources: list[EncodedSource]
     cost: int
     media_plans: list = field(default_factory=list)
+    media_patches: int = 0          # vision-encoder patches of its images and video frames
     media: list = field(default_factory=list)
     media_tensors: list = field(default_factory=list)
 

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -56,10 +57,15 @@ def main() -> int:
         batch = broadcast_packed_batch(batch, src=src, group=tp_group)
         local = slice_for_cp_rank(batch, None, cp, cp_rank) if cp > 1 else batch
         index = partition_indices(batch.cu_seqlens_padded[0], cp, cp_rank)
+        # short lines (< 4 KiB) so that the ranks' lines never interleave on a shared pipe
+        keys = [k for row in batch.sample_keys for k in row]
         print(json.dumps({
             "rank": rank, "dp_rank": dp_rank, "cp_rank": cp_rank, "tp_rank": tp_rank, "step": step,
-            "sample_keys": batch.sample_keys, "global_tokens": batch.seq_length, "local_tokens": local.seq_length,
-            "cu_seqlens_padded": batch.cu_seqlens_padded[0].tolist(),
+            "samples": len(keys), "first_key": keys[0] if keys else None,
+            "keys_checksum": zlib.crc32("\0".join(keys).encode()),
+            "segments": len(batch.cu_seqlens_padded[0]) - 1,
+            "boundaries_checksum": zlib.crc32(batch.cu_seqlens_padded[0].numpy().tobytes()),
+            "global_tokens": batch.seq_length, "local_tokens": local.seq_length,
             "local_index_head": index[:4].tolist(), "local_tokens_checksum": int(local.tokens.sum()),
             "trained_labels_local": int(local.loss_mask.sum()),
         }), flush=True)

@@ -124,11 +124,11 @@ def test_two_phase_decodes_only_selected_samples(media_ds):
     it = iter(get_savable_loader(ds, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None))
     batch = next(it)
     in_pack = len([s for row in batch.media_spans for s in row])
-    assert sum(enc.media.decodes.values()) == in_pack         # the other samples are only planned
+    assert sum(enc.media.decodes.totals().values()) == in_pack         # the other samples are only planned
     seen = in_pack
     for batch in it:
         seen += len([s for row in batch.media_spans for s in row])
-        assert sum(enc.media.decodes.values()) == seen
+        assert sum(enc.media.decodes.totals().values()) == seen
     assert seen == 15 // 5 * 5
 
 
@@ -196,3 +196,46 @@ def test_reserved_tag_in_text_is_rejected_with_the_key(tmp_path):
 
     with pytest.raises(DataError, match=r"^forged-01: message 0 \(user\) contains the reserved media tag <so_embedding>"):
         list(build_train_loader(cfg, repeat=False))
+
+
+def test_media_patch_budget_balances_packs(media_ds):
+    root, keys = media_ds
+    budget = 700
+    c = config(root, "budget.yaml", packing={**PACKING, "algorithm": "minimum_bin_slack", "buffer_size": 15,
+                                             "max_media_patches_per_pack": budget})
+    loader = build_train_loader(c, repeat=False)
+    got = []
+    for batch in loader:
+        got += [k for row in batch.sample_keys for k in row]
+        if "pixel_values" in batch.media:
+            patches = batch.media["pixel_values"].as_tensor().shape[0]
+            assert patches <= budget or len(batch.sample_keys[0]) == 1
+    assert sorted(got) == sorted(keys)
+    t = loader.telemetry()
+    assert t["samples"] == len(keys) and t["media_decoded"] == {"image": 9, "video": 3, "audio": 3}
+    assert 0 < t["fill_ratio"] <= 1 and t["tokens_per_s"] > 0 and t["skipped"] == {}
+
+
+def test_patch_budget_needs_a_packer_with_a_second_budget(media_ds):
+    from energon_nemotron.errors import ConfigError
+    from energon_nemotron.loader import build_task_encoder
+
+    root, _ = media_ds
+    c = config(root, "nobudget.yaml", packing={**PACKING, "max_media_patches_per_pack": 100})
+    with pytest.raises(ConfigError, match=r"'best_fit_decreasing' has no second budget .* use one of: minimum_bin_slack"):
+        build_task_encoder(c)
+
+
+def test_telemetry_is_logged_every_n_batches(media_ds, caplog):
+    import logging
+
+    root, _ = media_ds
+    raw = __import__("yaml").safe_load(config(root, "log.yaml").read_text())
+    raw["loader"]["log_every"] = 2
+    from energon_nemotron.config import load_config
+
+    with caplog.at_level(logging.INFO, logger="energon_nemotron"):
+        batches = list(build_train_loader(load_config(raw, base=root), repeat=False))
+    lines = [r.getMessage() for r in caplog.records if r.name == "energon_nemotron"]
+    assert len(lines) == len(batches) // 2 and lines[0].startswith("batches 2 | packs 2 | samples ")
+    assert "tokens/s | media decoded: " in lines[0] and "skipped: none" in lines[0]

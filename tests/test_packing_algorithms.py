@@ -19,7 +19,8 @@ from energon_nemotron.packing.algorithms import (
 )
 from energon_nemotron.registry import PACKERS
 
-ALL_PACKERS = ["balanced_greedy_knapsack", "best_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle"]
+ALL_PACKERS = ["balanced_greedy_knapsack", "best_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle",
+               "minimum_bin_slack"]
 
 
 def textbook(lengths, capacity, best, k=None, order=None):
@@ -200,7 +201,7 @@ def test_registry_signature_and_errors():
     assert PACKERS.get("best_fit_decreasing") is best_fit_decreasing
     for name in ALL_PACKERS:
         params = inspect.signature(PACKERS.get(name)).parameters
-        assert list(params) == ["lengths", "capacity", "max_sequences_per_bin", "seed"]
+        assert list(params)[:4] == ["lengths", "capacity", "max_sequences_per_bin", "seed"]
         assert params["max_sequences_per_bin"].kind is inspect.Parameter.KEYWORD_ONLY
         assert params["max_sequences_per_bin"].default is None and params["seed"].default == 0
         algo = PACKERS.get(name)
@@ -214,3 +215,49 @@ def test_registry_signature_and_errors():
     known = ", ".join(ALL_PACKERS)
     with pytest.raises(KeyError, match=f"unknown packer 'nope'; known: {known}"):
         PACKERS.get("nope")
+
+
+# -- minimum_bin_slack ----------------------------------------------------------------------------
+
+from itertools import combinations  # noqa: E402
+
+from energon_nemotron.packing.refine import best_subset, minimum_bin_slack  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), max_size=10), room=st.integers(0, 100))
+def test_best_subset_is_exact(sizes, room):
+    arr = np.asarray(sizes, dtype=np.int64)
+    picked = best_subset(arr, room) if sizes else []
+    assert len(set(picked)) == len(picked) and sum(sizes[i] for i in picked) <= room
+    best = max((sum(c) for r in range(len(sizes) + 1) for c in combinations(sizes, r) if sum(c) <= room), default=0)
+    assert sum(sizes[i] for i in picked) == best
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=60), k=st.one_of(st.none(), st.integers(1, 5)),
+       patches=st.lists(st.integers(0, 500), min_size=60, max_size=60), budget=st.one_of(st.none(), st.integers(200, 1500)))
+def test_minimum_bin_slack_invariants_with_two_budgets(lengths, k, patches, budget):
+    extra = {} if budget is None else {"secondary": patches[:len(lengths)], "secondary_capacity": budget}
+    bins = minimum_bin_slack(lengths, 256, max_sequences_per_bin=k, **extra)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths))) and all(bins)
+    for b in bins:
+        lone = len(b) == 1
+        assert sum(lengths[i] for i in b) <= 256 or lone
+        assert k is None or len(b) <= k
+        assert budget is None or sum(patches[i] for i in b) <= budget or lone
+    if k is None and budget is None:
+        assert len(bins) >= -(-sum(min(x, 256) for x in lengths) // 256)
+
+
+def test_minimum_bin_slack_reaches_the_buffer_bound_on_lognormal():
+    rng = np.random.default_rng(3)
+    lengths = np.clip(np.round(rng.lognormal(np.log(600), 0.9, size=256 * 20)), 1, 4096).astype(int)
+    packs = bound = 0
+    for s in range(0, lengths.size, 256):
+        chunk = lengths[s:s + 256]
+        packs += len(minimum_bin_slack(chunk, 4096))
+        bound += -(-int(chunk.sum()) // 4096)
+        packs_bfd = len(best_fit_decreasing(chunk, 4096))
+        assert len(minimum_bin_slack(chunk, 4096)) <= packs_bfd
+    assert packs <= bound + 1

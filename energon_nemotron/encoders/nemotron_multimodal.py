@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import zlib
 import dataclasses
+import inspect
 import math
 from typing import Any, Literal, Optional, Union
 
@@ -107,6 +108,11 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
                               "(packing.pad_multiple combined with 2*context_parallel_size"
                               "[*tensor_parallel_size with sequence_parallel])")
         self.packer = PACKERS.get(packing.algorithm) if packing else None
+        if packing and packing.max_media_patches_per_pack and \
+                "secondary" not in inspect.signature(self.packer).parameters:
+            with_budget = [n for n in PACKERS.names() if "secondary" in inspect.signature(PACKERS.get(n)).parameters]
+            raise ConfigError(f"packing.algorithm {packing.algorithm!r} has no second budget for "
+                              f"max_media_patches_per_pack; use one of: {', '.join(with_budget)}")
         self.seed = seed
         self.cookers = build_cookers(default_cooker)
         self.text = ConversationTokenizer(tokenizer, self.options.prompt_format)
@@ -136,8 +142,9 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         sources = [EncodedSource(n, t, m) for n, (t, m) in zip(names, encoded)]
         sources = self._fit(sources, key, planned)
         cost = sum(round_up(int(s.tokens.shape[0]), self.pad_multiple) for s in sources)
+        patches = sum(p.plan.num_patches for p in planned if p.modality != "audio")
         return EncodedSample.derive_from(sample, sources=sources, cost=cost, media_plans=planned,
-                                         media=list(sample.media))
+                                         media=list(sample.media), media_patches=patches)
 
     @stateless
     def postencode_sample(self, sample: EncodedSample) -> EncodedSample:
@@ -147,7 +154,8 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         except MediaError as e:
             raise DataError(sample.__key__, str(e), e.code) from None
         return EncodedSample.derive_from(sample, sources=sample.sources, cost=sample.cost,
-                                         media_plans=sample.media_plans, media=sample.media, media_tensors=tensors)
+                                         media_plans=sample.media_plans, media=sample.media, media_tensors=tensors,
+                                         media_patches=sample.media_patches)
 
     def _fit(self, sources: list[EncodedSource], key: str, planned: list) -> list[EncodedSource]:
         """Apply the over-length policy to a sample longer than ``seq_length``."""
@@ -181,8 +189,12 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         """Bins of the buffer by the registered packer; every sample exactly once."""
         # a seed derived from the buffer's keys: deterministic, and the same after a restore
         seed = zlib.crc32("\0".join(s.__key__ for s in samples).encode()) ^ self.seed
+        budget = {}
+        if self.packing.max_media_patches_per_pack:
+            budget = {"secondary": [s.media_patches for s in samples],
+                      "secondary_capacity": self.packing.max_media_patches_per_pack}
         bins = self.packer([s.cost for s in samples], self.options.seq_length,
-                           max_sequences_per_bin=self.packing.max_sequences_per_bin, seed=seed)
+                           max_sequences_per_bin=self.packing.max_sequences_per_bin, seed=seed, **budget)
         placed = sorted(i for b in bins for i in b)
         if placed != list(range(len(samples))):
             raise RuntimeError(f"packer {self.packing.algorithm!r} did not place every sample exactly once")

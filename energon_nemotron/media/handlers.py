@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from energon_nemotron.errors import ConfigError, MediaError
+from energon_nemotron.telemetry import SharedCounter
 from energon_nemotron.types import MediaRef
 
 #: placeholder token strings that must be single tokens of the tokenizer (and never appear in text)
@@ -96,7 +97,8 @@ class MediaHandlers:
     video_options: Any
     audio_options: Any
     max_bytes: Optional[int] = None             # per media item, checked before any header is read
-    decodes: dict = field(default_factory=lambda: {"image": 0, "video": 0, "audio": 0})
+    #: media decoded (phase 2), by modality: a ``telemetry.SharedCounter`` the loader may replace
+    decodes: Any = field(default_factory=lambda: SharedCounter(("image", "video", "audio")))
     _ids: Optional[dict] = None
 
     def ids(self) -> dict[str, int]:
@@ -155,7 +157,7 @@ class MediaHandlers:
         ``lengths`` int64 [clips]. The result is checked against the plan."""
         payload = read_payload(ref, self.max_bytes)
         plan = planned.plan
-        self.decodes[planned.modality] += 1
+        self.decodes.add(planned.modality)
         if planned.modality == "audio":
             from energon_nemotron.media.audio import process_audio
 

@@ -81,7 +81,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, path: str | Path, encoder: MegatronSFTPackedEncoder, dp_rank: int = 0,
                  dp_size: int = 1, validation: bool = False, on_error: str = "raise",
-                 skips: Optional[SkipCounter] = None) -> None:
+                 skips: Optional[Any] = None) -> None:
         super().__init__()
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise ConfigError(f"invalid dp_rank={dp_rank} / dp_size={dp_size}")

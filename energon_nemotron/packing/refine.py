@@ -1,0 +1,125 @@
+"""``minimum_bin_slack``: fill one bin at a time as full as possible (exact subset sum).
+
+Online packing fills each buffer on its own, so the best possible is ``ceil(Σ lengths /
+capacity)`` bins per buffer; with sequences of a few hundred tokens in 4k bins that leaves only
+tens of tokens of slack per bin, which first/best-fit-decreasing often miss by a whole bin. Here
+each bin starts with the longest remaining item and is then completed with the subset of the
+remaining items that leaves the least room, found exactly by a 0/1 subset-sum over reachable
+totals (a boolean array over the bin's room, one shifted OR per item, each total remembering the
+item that first reached it, so the subset can be read back). In the style of Gupta and Ho's
+minimum-bin-slack heuristic.
+
+Constraints: ``capacity`` (tokens); ``max_sequences_per_bin``; and an optional second budget,
+``secondary`` per item (e.g. vision patches) within ``secondary_capacity`` per bin, which balances
+vision-encoder work across packs. The subset is chosen on tokens; if it breaks the item count or
+the second budget, its items are dropped longest-second-size first and the bin is topped up with
+a fitting best-fit pass. An item over a budget gets a bin of its own. Deterministic (ties by index).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from energon_nemotron.packing.algorithms import _validate
+from energon_nemotron.registry import PACKERS
+
+
+def best_subset(sizes: np.ndarray, room: int) -> list[int]:
+    """Positions (into ``sizes``) of a subset with the largest total ≤ ``room``.
+
+    Args:
+        sizes: int [n] positive sizes.
+        room: the budget (>= 0).
+    """
+    reach = np.zeros(room + 1, dtype=bool)
+    reach[0] = True
+    who = np.full(room + 1, -1, dtype=np.int64)
+    for pos, w in enumerate(sizes.tolist()):
+        if w > room:
+            continue
+        new = np.zeros_like(reach)
+        new[w:] = reach[:room + 1 - w]
+        new &= ~reach
+        who[new] = pos
+        reach |= new
+        if reach[room]:
+            break
+    total = int(np.flatnonzero(reach)[-1])
+    chosen = []
+    while total > 0:
+        pos = int(who[total])
+        chosen.append(pos)
+        total -= int(sizes[pos])
+    return chosen
+
+
+@PACKERS.register("minimum_bin_slack")
+def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
+                      max_sequences_per_bin: Optional[int] = None, seed: int = 0,
+                      secondary: Optional[Sequence[int]] = None,
+                      secondary_capacity: Optional[int] = None) -> list[list[int]]:
+    """Bins filled one at a time to the least slack (see the module docstring).
+
+    Args:
+        lengths: int [N] item lengths (>= 1).
+        capacity: room of every bin (tokens).
+        max_sequences_per_bin: at most this many items per bin (None: no limit).
+        seed: accepted for the common packer signature (the packer is deterministic).
+        secondary: int [N] second size of every item (e.g. vision patches), or None.
+        secondary_capacity: the second budget per bin (required with ``secondary``).
+
+    Returns:
+        Bins (lists of item indices); every index exactly once, no empty bin.
+    """
+    sizes = _validate(lengths, capacity, max_sequences_per_bin)
+    k = max_sequences_per_bin
+    if secondary is None:
+        second, capacity2 = np.zeros_like(sizes), 0
+    else:
+        if secondary_capacity is None or secondary_capacity < 1:
+            raise ValueError("secondary needs a secondary_capacity >= 1")
+        second, capacity2 = np.asarray(secondary, dtype=np.int64).reshape(-1), int(secondary_capacity)
+        if second.shape != sizes.shape or (second.size and int(second.min()) < 0):
+            raise ValueError("secondary must hold one non-negative size per item")
+    order = sorted(range(sizes.size), key=lambda i: (-int(sizes[i]), -int(second[i]), i))
+    bins: list[list[int]] = [[i] for i in order if sizes[i] > capacity or second[i] > capacity2]
+    remaining = [i for i in order if sizes[i] <= capacity and second[i] <= capacity2]
+    while remaining:
+        first, rest = remaining[0], remaining[1:]
+        room = capacity - int(sizes[first])
+        room2 = capacity2 - int(second[first])
+        slots = None if k is None else k - 1
+        picked = [rest[p] for p in best_subset(sizes[rest], room)] if rest and room and slots != 0 else []
+        if secondary is not None or slots is not None:
+            picked = _within(picked, sizes, second, room2, slots)
+            picked = _top_up(picked, rest, sizes, second, room, room2, slots)
+        chosen = set(picked)
+        bins.append([first] + sorted(picked, key=order.index))
+        remaining = [i for i in rest if i not in chosen]
+    return bins
+
+
+def _within(picked: list[int], sizes, second, room2: int, slots: Optional[int]) -> list[int]:
+    """Drop items (largest second size first, then shortest) until the count and second budget hold."""
+    picked = sorted(picked, key=lambda i: (-int(second[i]), int(sizes[i]), i))
+    while picked and (sum(int(second[i]) for i in picked) > room2 or (slots is not None and len(picked) > slots)):
+        picked.pop(0)
+    return picked
+
+
+def _top_up(picked: list[int], rest: list[int], sizes, second, room: int, room2: int,
+            slots: Optional[int]) -> list[int]:
+    """Add more remaining items (longest first) while every budget still holds."""
+    used, used2 = sum(int(sizes[i]) for i in picked), sum(int(second[i]) for i in picked)
+    taken = set(picked)
+    for i in rest:
+        if slots is not None and len(picked) >= slots:
+            break
+        if i not in taken and used + sizes[i] <= room and used2 + second[i] <= room2:
+            picked.append(i)
+            taken.add(i)
+            used += int(sizes[i])
+            used2 += int(second[i])
+    return picked
