@@ -23,6 +23,15 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 
+def shared_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor allocated directly in shared memory (no copy into it later)."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    storage = torch.UntypedStorage._new_shared(numel * torch.empty(0, dtype=dtype).element_size())
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """Canonical name of a torch dtype, e.g. ``torch.bfloat16 -> "bfloat16"``."""
     if not isinstance(dtype, torch.dtype):
@@ -70,12 +79,14 @@ class PackedTensor:
     @classmethod
     def from_list(
         cls, items: Sequence[torch.Tensor], *, feature_shape: Optional[Sequence[int]] = None,
-        dtype: Optional[torch.dtype] = None,
+        dtype: Optional[torch.dtype] = None, shared: bool = False,
     ) -> "PackedTensor":
         """Pack ``items`` (each ``[n_i, *feature_shape]``, one dtype and device) into one tensor.
 
         With no items, ``feature_shape`` and ``dtype`` are required. When given alongside items they
         must match them (ValueError otherwise; nothing is cast). The data is a new tensor (copy).
+        ``shared``: write it straight into shared memory (CPU), as a ``DataLoader`` worker should, so
+        that sending it to the main process copies nothing more.
         """
         items = list(items)
         if not items:
@@ -96,7 +107,12 @@ class PackedTensor:
         if dtype is not None and dtype != first.dtype:
             raise ValueError(f"items have dtype {first.dtype}, expected {dtype}")
         lengths = torch.tensor([0] + [t.shape[0] for t in items], dtype=torch.int64)
-        return cls._unchecked(torch.cat(items, dim=0), torch.cumsum(lengths, 0).to(first.device))
+        offsets = torch.cumsum(lengths, 0).to(first.device)
+        if shared and first.device.type == "cpu":
+            shape = (int(offsets[-1]), *first.shape[1:])
+            out = shared_empty(shape, first.dtype)
+            return cls._unchecked(torch.cat(items, dim=0, out=out), offsets)
+        return cls._unchecked(torch.cat(items, dim=0), offsets)
 
     @classmethod
     def empty(cls, feature_shape: Sequence[int], dtype: torch.dtype, device: Any = None) -> "PackedTensor":

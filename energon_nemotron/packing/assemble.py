@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.utils.data
 from megatron.energon import Sample, edataclass
 
 from energon_nemotron.types import IGNORE_INDEX, EncodedSource, PackedBatch
@@ -115,12 +116,15 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
     visual = [v for r in rows for v in r.visual]
     audio = [a for r in rows for a in r.audio]
     media: dict = {}
+    # in a DataLoader worker, write the big tensors straight into shared memory: sending the batch
+    # to the main process then copies nothing (as PyTorch's own collate does)
+    shared = torch.utils.data.get_worker_info() is not None
     if visual:
-        media["pixel_values"] = PackedTensor.from_list([v["pixels"] for v in visual])
+        media["pixel_values"] = PackedTensor.from_list([v["pixels"] for v in visual], shared=shared)
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
         media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
     if audio:
-        media["sound_features"] = PackedTensor.from_list([a["features"] for a in audio])
+        media["sound_features"] = PackedTensor.from_list([a["features"] for a in audio], shared=shared)
         media["sound_lengths"] = PackedTensor.from_list([a["lengths"] for a in audio])
     return media
 

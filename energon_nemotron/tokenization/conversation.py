@@ -16,7 +16,6 @@ import numpy as np
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.tokenization.formats import Rendered, get_prompt_format, render_preformatted
 from energon_nemotron.tokenization.loading import load_tokenizer
-from energon_nemotron.tokenization.spans import misaligned, token_mask_from_spans
 from energon_nemotron.types import MEDIA_MARKER, Message
 
 #: strings that would forge a media placeholder (or the marker) if they appeared in text
@@ -27,6 +26,35 @@ class NoTrainableTokensError(DataError):
     """A sample whose loss mask would be all zero (nothing to learn from it)."""
 
     default_code = "no_trainable_tokens"
+
+
+def piece_flags(enc: Any, spans: Sequence[tuple[int, int]], length: int, strict: bool):
+    """Trained flags (bool [n]) of one tokenized piece of ``length`` characters from its character
+    ``spans``, and the first strict span boundary that falls inside a token (None if none).
+
+    A token is trained when it overlaps a span (Hugging Face's rule for assistant masks). Only the
+    span ends are looked up in the encoding (``char_to_token``, ``token_to_chars``), so the cost
+    does not grow with the number of tokens.
+    """
+    n = len(enc.ids)
+    flags = np.zeros(n, dtype=bool)
+    for a, b in spans:
+        if a >= b:
+            continue
+        first = next((t for t in (enc.char_to_token(c) for c in range(a, b)) if t is not None), None)
+        if first is None:
+            continue                  # the span's characters produced no token
+        last = next(t for t in (enc.char_to_token(c) for c in range(b - 1, a - 1, -1)) if t is not None)
+        while last + 1 < n and enc.token_to_chars(last + 1)[0] < b:
+            last += 1                 # a character split over several byte-level tokens
+        flags[first:last + 1] = True
+        if strict:
+            for c in (a, b):
+                if 0 < c < length:
+                    left, right = enc.char_to_token(c - 1), enc.char_to_token(c)
+                    if left is not None and left == right:
+                        return flags, c
+    return flags, None
 
 
 class ConversationTokenizer:
@@ -91,27 +119,22 @@ class ConversationTokenizer:
         for si, (r, pieces) in enumerate(zip(rendered, pieces_per_segment)):
             encs = encodings[at:at + len(pieces)]
             at += len(pieces)
-            # offsets of every text token in the coordinates of the rendered text
-            offsets, start = [], 0
-            for piece, enc in zip(pieces, encs):
-                offsets.extend((a + start, b + start) for a, b in enc.offsets)
-                start += len(piece) + 1
-            if r.strict:
-                bad = misaligned(offsets, [b for span in r.spans for b in span])
-                if bad:
-                    c = bad[0]
-                    raise DataError(key, f"a trained span boundary at character {c} falls inside a token "
-                                         f"({r.text[max(0, c - 12):c]!r}|{r.text[c:c + 12]!r}): the tokenizer "
-                                         "merges across the turn boundary, so the loss mask would be ambiguous", "tokenization")
-            text_trained = token_mask_from_spans(offsets, r.spans)
             tokens: list[int] = []
             trained: list[np.ndarray] = []
-            used = 0
-            for k, enc in enumerate(encs):
-                n = len(enc.ids)
+            start = 0
+            for k, (piece, enc) in enumerate(zip(pieces, encs)):
+                local = [(max(a, start) - start, min(b, start + len(piece)) - start) for a, b in r.spans
+                         if a < start + len(piece) and b > start]
+                flags, bad = piece_flags(enc, local, len(piece), r.strict)
+                if bad is not None:
+                    c = start + bad
+                    raise DataError(key, f"a trained span boundary at character {c} falls inside a token "
+                                         f"({r.text[max(0, c - 12):c]!r}|{r.text[c:c + 12]!r}): the tokenizer "
+                                         "merges across the turn boundary, so the loss mask would be ambiguous",
+                                    "tokenization")
                 tokens.extend(enc.ids)
-                trained.append(text_trained[used:used + n])
-                used += n
+                trained.append(flags)
+                start += len(piece) + 1
                 if k < len(encs) - 1:
                     item = media[next_media]
                     next_media += 1
