@@ -1,7 +1,7 @@
 """Run every benchmark script of this folder and summarise their results.
 
 Each ``benchmarks/*.py`` (except ``_*.py`` and this file) runs as a subprocess with the same
-Python, with ``--quick`` when given here, and ``packing.py`` with ``--offline``. The last stdout
+Python, with ``--quick`` when given here; ``packing.py`` runs twice (online buffers, then ``--offline``). The last stdout
 line of each is its JSON result. Prints a table (name, ratio, goal, better, met) and writes
 ``benchmarks/results/summary.json``. Exit status 0 even when a goal is missed; 1 when a script
 crashes or prints no JSON result.
@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EXTRA_ARGS = {"packing.py": ["--offline"]}
+#: argument lists per script; each list is one run (packing.py runs twice: online buffers, then --offline)
+RUNS = {"packing.py": [[], ["--offline"]]}
 
 
 def scripts() -> list[Path]:
@@ -50,10 +51,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     results, crashed = [], []
-    for path in scripts():
+    runs = [(path, extra) for path in scripts() for extra in RUNS.get(path.name, [[]])]
+    for path, extra in runs:
         if args.only and path.stem not in args.only and path.name not in args.only:
             continue
-        cmd = [sys.executable, str(path), *(["--quick"] if args.quick else []), *EXTRA_ARGS.get(path.name, [])]
+        cmd = [sys.executable, str(path), *(["--quick"] if args.quick else []), *extra]
         print(f"== {path.name} {' '.join(cmd[2:])}", flush=True)
         t = time.perf_counter()
         proc = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True)

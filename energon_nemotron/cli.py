@@ -70,7 +70,8 @@ def cmd_preview(a: argparse.Namespace) -> int:
     from energon_nemotron.preview import run_preview
 
     return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color, dp_rank=a.dp_rank,
-                       dp_size=a.dp_size, split=a.split, save_state=a.save_state, load_state=a.load_state)
+                       dp_size=a.dp_size, split=a.split, save_state=a.save_state, load_state=a.load_state,
+                       html=a.html)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--split", choices=["train", "validation"], default="train")
     s.add_argument("--dp-rank", type=int, default=0, help="data-parallel rank to show")
     s.add_argument("--dp-size", type=int, default=1, help="data-parallel world size")
+    s.add_argument("--html", default=None, metavar="OUT.html",
+                   help="write the batches (default 8) as an HTML page: segments, trained tokens, media")
     s.add_argument("--load-state", default=None, metavar="FILE", help="resume from a saved loader state")
     s.add_argument("--save-state", default=None, metavar="FILE",
                    help="write the loader state after the last printed batch (atomically)")

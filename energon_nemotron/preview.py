@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import sys
+from pathlib import Path
 from typing import Optional
 
 from energon_nemotron.config import MegatronSource, load_config
@@ -39,17 +40,26 @@ def batch_json(index: int, batch: PackedBatch) -> dict:
 
 def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool = False,
                 color: str = "auto", out=None, dp_rank: int = 0, dp_size: int = 1, split: str = "train",
-                save_state: Optional[str] = None, load_state: Optional[str] = None) -> int:
+                save_state: Optional[str] = None, load_state: Optional[str] = None,
+                html: Optional[str] = None) -> int:
     """Print the batches of ``split`` (``train`` | ``validation``) for data-parallel rank
     ``dp_rank`` of ``dp_size``; returns the exit status. ``load_state``: resume from a state file
-    first; ``save_state``: write the position after the last printed batch (atomically).
+    first; ``save_state``: write the position after the last printed batch (atomically); ``html``:
+    write the batches (``batches``, default 8) as an HTML page instead of printing them.
     Anything the loader itself prints goes to stderr, so ``--json`` output stays parseable."""
     out = out or sys.stdout
+    if html and batches is None:
+        batches = HTML_BATCHES
     with contextlib.redirect_stdout(sys.stderr):
-        return _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state)
+        return _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state,
+                        html)
 
 
-def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state) -> int:
+HTML_BATCHES = 8
+
+
+def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state,
+             html=None) -> int:
     from energon_nemotron.errors import ConfigError
     from energon_nemotron.state import load_state_file, save_state_file
 
@@ -65,7 +75,8 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
         raise ConfigError("--save-state / --load-state apply to the train split")
     if load_state:
         loader.load_state_dict(load_state_file(load_state))
-    tokenizer = None if as_json else load_tokenizer(cfg.tokenizer)
+    tokenizer = None if as_json and not html else load_tokenizer(cfg.tokenizer)
+    kept = []
     use_color = color == "always" or (color == "auto" and out.isatty())
     printed = padding_rows = 0
     stream = loader if batches is None else itertools.islice(loader, batches)
@@ -73,6 +84,9 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
         batch.validate()
         printed += 1
         padding_rows += sum(batch.is_padding)
+        if html:
+            kept.append(batch)
+            continue
         if as_json:
             print(json.dumps(batch_json(i, batch)), file=out)
             continue
@@ -81,6 +95,12 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
             print(row_text(r, batch.row(r), tokenizer, use_color, pad_id=pad_id), file=out)
     if save_state:
         save_state_file(save_state, loader.state_dict())
+    if html:
+        from energon_nemotron.html_preview import render_html
+
+        Path(html).write_text(render_html(kept, tokenizer, title=f"{config_path} — {split}, DP rank {dp_rank}"),
+                              encoding="utf-8")
+        print(f"wrote {html} ({printed} batches)", file=sys.stderr)
     t = loader.telemetry()        # the real batches (validation padding batches are not in it)
     summary = {"batches": printed, "packs": t["packs"], "samples": t["samples"], "padding_rows": padding_rows,
                "dp_rank": dp_rank, "dp_size": dp_size, "split": split, "fill_ratio": round(t["fill_ratio"], 6),

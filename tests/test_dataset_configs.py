@@ -21,15 +21,19 @@ COOKER_YAMLS = sorted((CONFIGS / "datasets").glob("*.yaml"))
 def test_every_config_file_is_covered():
     names = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"))
     assert names == sorted([f"datasets/{p.name}" for p in COOKER_YAMLS]
-                           + ["loader_megatron_sft_packed.yaml", "loader_multimodal.yaml", "loader_text.yaml"])
-    assert [p.stem for p in COOKER_YAMLS] == ["general_conversations", "nemotron_conversation",
-                                              "openai_messages", "openai_messages_offline_packed"]
+                           + ["loader_megatron_sft_packed.yaml", "loader_multimodal.yaml", "loader_text.yaml",
+                              "metadataset_blend.yaml"])
+    from energon_nemotron.registry import COOKERS
+
+    assert [p.stem for p in COOKER_YAMLS] == COOKERS.names()      # one example per registered cooker
 
 
 @pytest.mark.parametrize("dataset_yaml", COOKER_YAMLS, ids=lambda p: p.stem)
 def test_dataset_yaml_selects_its_cooker(tmp_path, dataset_yaml):
+    from energon_nemotron.demo.datasets import asr_dataset
+
     cooker = dataset_yaml.stem
-    ds, keys = text_dataset(tmp_path / "ds", cooker, n=8)
+    ds, keys = asr_dataset(tmp_path / "ds", 6) if cooker == "granary_asr" else text_dataset(tmp_path / "ds", cooker, n=8)
     shutil.copy(dataset_yaml, ds / ".nv-meta" / "dataset.yaml")      # the example, verbatim
     raw = yaml.safe_load((CONFIGS / "loader_text.yaml").read_text())
     raw["data"]["train"]["path"] = str(ds)
@@ -73,3 +77,25 @@ def test_multimodal_loader_config(tmp_path):
         for span in (s for row in batch.media_spans for s in row):
             kinds[span["kind"]] = kinds.get(span["kind"], 0) + 1
     assert sorted(got) == sorted(keys) and kinds == {"image": 6, "video": 2, "audio": 2}
+
+
+def test_weighted_metadataset_blends_three_datasets(tmp_path):
+    from energon_nemotron.demo.datasets import asr_dataset, multimodal_dataset
+
+    out = tmp_path / "demo_out"
+    _, text_keys = text_dataset(out / "text_dataset", "openai_messages", n=12)
+    _, mm_keys = multimodal_dataset(out / "multimodal_dataset", n=10)
+    _, asr_keys = asr_dataset(out / "asr_dataset", 8)
+    (tmp_path / "dataset_configs").mkdir()
+    shutil.copy(CONFIGS / "metadataset_blend.yaml", tmp_path / "dataset_configs" / "metadataset_blend.yaml")
+    raw = yaml.safe_load((CONFIGS / "loader_multimodal.yaml").read_text())
+    raw["data"]["train"]["path"] = "metadataset_blend.yaml"
+    raw["loader"]["num_workers"] = 0
+    raw["packing"]["buffer_size"] = 16
+    raw["tokenizer"] = str(DEMO_TOKENIZER)
+    cfg = load_config(raw, base=tmp_path / "dataset_configs")
+    seen = []
+    for _, batch in zip(range(8), build_train_loader(cfg, repeat=True)):
+        batch.validate()
+        seen += [k for row in batch.sample_keys for k in row]
+    assert set(seen) & set(text_keys) and set(seen) & set(mm_keys) and set(seen) & set(asr_keys)

@@ -116,3 +116,23 @@ def multimodal_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) 
         samples.append((key, {"json": json.dumps({"conversations": turns}).encode(), **members}))
     write_shards(folder, samples, per_shard)
     return prepare(folder, {"cooker": "general_conversations"}), keys
+
+
+def asr_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) -> tuple[Path, list[str]]:
+    """A prepared crude dataset for the ``granary_asr`` cooker: one FLAC member and a ``.json``
+    member with the transcript per sample; returns (folder, keys)."""
+    import random
+
+    from energon_nemotron.demo.conversations import WORDS
+    from energon_nemotron.demo.media import make_audio
+
+    rng = random.Random(seed)
+    samples, keys = [], []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))).capitalize() + "."
+        key = f"{folder.name}-{i:05d}"
+        keys.append(key)
+        samples.append((key, {"json": json.dumps({"text": text}).encode(),
+                              "flac": make_audio(1.0 + (i % 5) * 0.4, 16000, 1, seed=seed + i, container="flac")}))
+    write_shards(folder, samples, per_shard)
+    return prepare(folder, {"cooker": "granary_asr"}), keys

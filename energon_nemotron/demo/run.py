@@ -1,8 +1,9 @@
 """``energon-nemotron demo``: both input paths end to end, offline, on the shipped tokenizer.
 
 1-3. Megatron-LM prepacked path: raw conversations → offline-packed rows → ``PackedBatch``.
-4-5. Energon path: WebDataset shards → ``energon prepare`` → cooker by subflavor →
-     ``nemotron_multimodal`` with online packing → ``PackedBatch``, through a YAML loader config.
+4-5. Energon path: WebDataset shards (text, ASR, and a four-modality dataset) → ``energon prepare``
+     → cooker by subflavor → ``nemotron_multimodal`` with online packing → ``PackedBatch``, through
+     a YAML loader config; ``preview.html`` shows the first packed batches.
 """
 
 from __future__ import annotations
@@ -83,17 +84,18 @@ def run_energon_demo(out: Path, progress: bool) -> bool:
 
     import yaml
 
-    from energon_nemotron.demo.datasets import multimodal_dataset, text_dataset
+    from energon_nemotron.demo.datasets import asr_dataset, multimodal_dataset, text_dataset
     from energon_nemotron.loader import build_train_loader
     from energon_nemotron.preview import run_preview
 
-    for name in ("text_dataset", "multimodal_dataset"):
+    for name in ("text_dataset", "multimodal_dataset", "asr_dataset"):
         shutil.rmtree(out / name, ignore_errors=True)
     text_dataset(out / "text_dataset", "openai_messages", ENERGON_SAMPLES, seed=1, per_shard=32)
+    asr_dataset(out / "asr_dataset", ENERGON_SAMPLES // 3, seed=3)
     _, keys = multimodal_dataset(out / "multimodal_dataset", ENERGON_SAMPLES, seed=2, per_shard=20)
     print(f"\n[4/5] wrote WebDataset shards and ran `energon prepare` on {out / 'text_dataset'} "
-          f"(cooker openai_messages) and {out / 'multimodal_dataset'} (cooker general_conversations: "
-          f"text, images, video, audio; {ENERGON_SAMPLES} samples each)")
+          f"(cooker openai_messages), {out / 'asr_dataset'} (granary_asr) and {out / 'multimodal_dataset'} "
+          f"(cooker general_conversations: text, images, video, audio; {ENERGON_SAMPLES} samples)")
     config = out / "loader.yaml"
     config.write_text(yaml.safe_dump({
         "tokenizer": str(TOKENIZER_DIR),
@@ -103,20 +105,19 @@ def run_energon_demo(out: Path, progress: bool) -> bool:
         "data": {"train": {"path": "multimodal_dataset", "split": "train"}},
         "loader": {"batch_size": 1, "num_workers": 0, "shuffle_buffer_size": 16, "seed": 1234},
     }, sort_keys=False))
-    start = time.perf_counter()
-    batches = samples = tokens = 0
-    kinds: dict = {}
-    for batch in tqdm(build_train_loader(config, repeat=False), desc="packing", unit="pack", disable=not progress):
+    loader = build_train_loader(config, repeat=False)
+    bar = tqdm(loader, desc="packing", unit="pack", disable=not progress)
+    for batch in bar:
         batch.validate()
-        batches += 1
-        samples += sum(len(k) for k in batch.sample_keys)
-        tokens += sum(int(c[-1]) for c in batch.cu_seqlens)
-        for span in (s for row in batch.media_spans for s in row):
-            kinds[span["kind"]] = kinds.get(span["kind"], 0) + 1
-    seconds = time.perf_counter() - start
-    print(f"[5/5] one epoch through {config} (nemotron_multimodal, nemotron6, best_fit_decreasing): "
-          f"{batches} packs of 4096, {samples}/{len(keys)} samples, media {kinds}, "
-          f"fill {tokens / (batches * 4096):.2%}, {tokens / max(seconds, 1e-9):,.0f} tokens/s")
-    print("\nFirst packed batch (`energon-nemotron preview " + str(config) + " --batches 1`):")
+        t = loader.telemetry()
+        bar.set_postfix(fill=f"{t['fill_ratio']:.1%}", tokens_per_s=f"{t['tokens_per_s']:,.0f}")
+    t = loader.telemetry()
+    print(f"[5/5] one epoch through {config} (nemotron_multimodal, nemotron6, minimum_bin_slack): "
+          f"{t['packs']} packs of 4096, {t['samples']}/{len(keys)} samples, media decoded {t['media_decoded']}, "
+          f"fill {t['fill_ratio']:.2%}, {t['tokens_per_s']:,.0f} tokens/s")
+    html = out / "preview.html"
+    run_preview(str(config), html=str(html), batches=4)
+    print(f"\nwrote {html}: the first packed batches as a page (segments, trained tokens, media). "
+          "The first one as text (`energon-nemotron preview " + str(config) + " --batches 1`):")
     run_preview(str(config), batches=1)
-    return samples == len(keys)
+    return t["samples"] == len(keys)

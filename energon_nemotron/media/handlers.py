@@ -51,7 +51,8 @@ class PlannedMedia:
     def describe(self) -> dict:
         """The preview's view: kind, and grid / frames / clips."""
         p = self.plan
-        out: dict[str, Any] = {"kind": self.modality, "num_tokens": self.num_tokens}
+        out: dict[str, Any] = {"kind": self.modality, "num_tokens": self.num_tokens,
+                               "placeholder_len": len(self.placeholder)}
         if self.modality == "image":
             out["grid"] = [p.grid_h, p.grid_w]
             if p.num_units > 1:
