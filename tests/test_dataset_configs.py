@@ -79,6 +79,7 @@ def test_multimodal_loader_config(tmp_path):
     assert sorted(got) == sorted(keys) and kinds == {"image": 6, "video": 2, "audio": 2}
 
 
+@pytest.mark.slow
 def test_weighted_metadataset_blends_three_datasets(tmp_path):
     from energon_nemotron.demo.datasets import asr_dataset, multimodal_dataset
 

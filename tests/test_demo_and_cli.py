@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -14,6 +16,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "energon_nemotron.cli", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     res = run_cli("demo", "--out", str(tmp_path), "--no-progress")
     assert res.returncode == 0, res.stderr

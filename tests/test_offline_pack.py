@@ -79,6 +79,7 @@ def test_bad_input_names_line(tmp_path):
     assert not (tmp_path / "o.jsonl.packed").exists()
 
 
+@pytest.mark.slow
 def test_cli_pack_then_inspect(tmp_path):
     raw = write_jsonl(tmp_path / "raw.jsonl", [{"messages": c} for c in make_conversations(40, seed=5)])
     out = tmp_path / "train.jsonl.packed"

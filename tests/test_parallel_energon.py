@@ -156,6 +156,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp, cp", [(2, 1), (1, 2)])
 def test_torchrun_example(ds, tp, cp):
     root, _ = ds
@@ -194,6 +195,7 @@ def _bshd_worker(rank: int, world: int, port: int, batch_tensors: dict, expected
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_unpacked_rows_match_megatron_core_bshd_cp_split(ds):
     """Without packing a row is one sequence: our THD slice equals megatron-core's bshd CP split."""
     import torch.multiprocessing as mp

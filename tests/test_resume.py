@@ -158,6 +158,7 @@ def test_state_file_is_atomic(tmp_path, monkeypatch):
         load_state_file(path)
 
 
+@pytest.mark.slow
 def test_preview_save_and_load_state(media_root, tmp_path):
     config = tmp_path / "l.yaml"
     config.write_text(yaml.safe_dump(cfg(media_root, 0)))
