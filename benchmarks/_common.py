@@ -18,6 +18,7 @@ for _k, _v in (("RAYON_NUM_THREADS", "1"), ("TOKENIZERS_PARALLELISM", "false"), 
 import itertools
 import json
 import random
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -128,6 +129,25 @@ def realistic_rows(n_rows: int, seed: int = 0, target_tokens: int = 8192,
             est += size
         rows.append({"messages": [m for c in convs for m in c]})
     return rows
+
+
+def cached_prepared_dataset(folder: Path, want: dict, samples: Callable[[], list[tuple[str, dict]]],
+                            cooker: str, per_shard: int) -> Path:
+    """An ``energon prepare``d dataset in ``folder``, rebuilt only when its ``bench.json`` marker
+    differs from ``want``: ``samples()`` gives the ``(key, {extension: bytes})`` pairs written to
+    tar shards of ``per_shard`` samples, prepared with ``subflavors.cooker = cooker``."""
+    from energon_nemotron.demo.datasets import prepare, write_shards
+
+    marker = folder / "bench.json"
+    if (folder / ".nv-meta" / "dataset.yaml").exists() and marker.exists():
+        if json.loads(marker.read_text()) == want:
+            return folder
+    if folder.exists():
+        shutil.rmtree(folder)
+    write_shards(folder, samples(), per_shard=per_shard)
+    prepare(folder, {"cooker": cooker})
+    marker.write_text(json.dumps(want))
+    return folder
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -51,29 +50,22 @@ TOKENIZER = Path(__file__).resolve().parents[1] / "energon_nemotron" / "demo" / 
 
 
 def build_dataset(folder: Path, n: int = SAMPLES, seed: int = 0) -> Path:
-    """The prepared dataset, reused when its marker matches."""
-    from energon_nemotron.demo.datasets import prepare, write_shards
+    """The prepared dataset of ``n`` one-image conversations, reused when its marker matches."""
     from energon_nemotron.demo.media import make_image
 
-    marker = folder / "bench.json"
-    want = {"samples": n, "seed": seed, "size": [WIDTH, HEIGHT], "version": DATA_VERSION}
-    if (folder / ".nv-meta" / "dataset.yaml").exists() and marker.exists():
-        if json.loads(marker.read_text()) == want:
-            return folder
-    if folder.exists():
-        shutil.rmtree(folder)
-    maker = C._TextMaker(random.Random(seed))
-    samples = []
-    for i in range(n):
-        turns = [{"from": "system", "value": maker.text(maker.rng.randint(8, 30)).rstrip("\n")},
-                 {"from": "human", "value": "<image>\n" + maker.text(maker.rng.randint(10, 40)).rstrip("\n")},
-                 {"from": "gpt", "value": maker.text(maker.rng.randint(20, 80)).rstrip("\n")}]
-        samples.append((f"img{i:05d}", {"json": json.dumps({"conversations": turns}).encode(),
+    def samples() -> list[tuple[str, dict]]:
+        maker = C._TextMaker(random.Random(seed))
+        out = []
+        for i in range(n):
+            turns = [{"from": "system", "value": maker.text(maker.rng.randint(8, 30)).rstrip("\n")},
+                     {"from": "human", "value": "<image>\n" + maker.text(maker.rng.randint(10, 40)).rstrip("\n")},
+                     {"from": "gpt", "value": maker.text(maker.rng.randint(20, 80)).rstrip("\n")}]
+            out.append((f"img{i:05d}", {"json": json.dumps({"conversations": turns}).encode(),
                                         "jpg": make_image(WIDTH, HEIGHT, seed=i)}))
-    write_shards(folder, samples, per_shard=20)
-    prepare(folder, {"cooker": "general_conversations"})
-    marker.write_text(json.dumps(want))
-    return folder
+        return out
+
+    want = {"samples": n, "seed": seed, "size": [WIDTH, HEIGHT], "version": DATA_VERSION}
+    return C.cached_prepared_dataset(folder, want, samples, "general_conversations", per_shard=20)
 
 
 def loader_config(dataset: str, workers: int) -> dict:

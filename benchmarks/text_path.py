@@ -66,22 +66,13 @@ def make_conversation(maker: "C._TextMaker") -> list[dict]:
 
 def build_dataset(folder: Path, n: int, seed: int = 0) -> Path:
     """The prepared dataset of ``n`` conversations, reused when its marker matches."""
-    from energon_nemotron.demo.datasets import prepare, write_shards
+    def samples() -> list[tuple[str, dict]]:
+        maker = C._TextMaker(random.Random(seed))
+        return [(f"conv{i:06d}", {"json": json.dumps({"messages": make_conversation(maker)}).encode()})
+                for i in range(n)]
 
-    marker = folder / "bench.json"
     want = {"conversations": n, "seed": seed, "version": DATA_VERSION}
-    if (folder / ".nv-meta" / "dataset.yaml").exists() and marker.exists():
-        if json.loads(marker.read_text()) == want:
-            return folder
-    if folder.exists():
-        shutil.rmtree(folder)
-    maker = C._TextMaker(random.Random(seed))
-    samples = [(f"conv{i:06d}", {"json": json.dumps({"messages": make_conversation(maker)}).encode()})
-               for i in range(n)]
-    write_shards(folder, samples, per_shard=250)
-    prepare(folder, {"cooker": "openai_messages"})
-    marker.write_text(json.dumps(want))
-    return folder
+    return C.cached_prepared_dataset(folder, want, samples, "openai_messages", per_shard=250)
 
 
 def read_conversations(folder: Path) -> list[tuple[str, list[dict]]]:
