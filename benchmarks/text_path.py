@@ -5,7 +5,7 @@ about 300–2,000 Qwen2.5 tokens each; the sentence maker of ``_common``), writt
 WebDataset shards of ``{"messages": [...]}`` JSON members, prepared with the real ``energon prepare``
 (``subflavors.cooker: openai_messages``) and cached in ``benchmarks/.cache/text_path/``.
 
-Two passes over the same conversations, interleaved round by round, median of the rounds:
+Three passes over the same conversations, interleaved round by round, median of the rounds:
 
 - path: one ``build_train_loader`` (``repeat=False``, ``num_workers=0``, so the one worker is this
   process; no shuffle buffer), built once before any clock starts (about 1 s: tokenizer load,
@@ -17,10 +17,14 @@ Two passes over the same conversations, interleaved round by round, median of th
   tokenizer's ``__call__`` with ``add_special_tokens=False``. Three plain variants run every round:
   one text per call, a list of 256 texts per call (one packing buffer) and the whole list in one
   call; the floor is the variant with the best median (the best plain way, whichever it is).
+- energon_read: Energon alone reading the same samples (``energon_read_loader``: the same dataset
+  and loader calls, a cooker that returns the crude sample, no encoding, no batching). It bounds
+  what any path over Energon can reach: ``ceiling`` = floor s ÷ (floor s + read s), a path that
+  did nothing but Energon's reading and the floor's tokenization.
 
 Tokens are the real (non-pad) tokens of the packed batches (the sum of ``cu_seqlens[-1]``); they
 must equal the floor's token count (checked). ``ratio`` = path tokens/s ÷ floor tokens/s (goal
-0.90, higher is better). ``--profile`` prints the top cProfile entries (by own time) of one path
+0.90, higher is better); ``share_of_ceiling`` = ratio ÷ ceiling. ``--profile`` prints the top cProfile entries (by own time) of one path
 pass (one epoch of the already built loader).
 
 The tokenizer is Qwen2.5's plus ``<think>``/``</think>`` as added tokens (see ``tokenizer_dir``).
@@ -108,6 +112,30 @@ def tokenizer_dir() -> Path:
     return out
 
 
+def energon_read_loader(dataset: Path):
+    """Energon alone on the same dataset: the same ``get_train_dataset`` + ``get_savable_loader``
+    (one worker in this process, no shuffle buffer), with a task encoder whose cooker returns the
+    crude sample as it is (its ``json`` member already decoded by Energon) and no batching. What a
+    pass over it costs, every path built on Energon's reader pays before any encoding."""
+    from megatron.energon import (Cooker, DefaultTaskEncoder, WorkerConfig, get_savable_loader,
+                                  get_train_dataset, stateless)
+
+    @stateless
+    def as_is(sample: dict, **aux) -> dict:
+        return sample
+
+    class ReadOnly(DefaultTaskEncoder):
+        cookers = [Cooker(as_is)]
+
+        def encode_sample(self, sample: dict) -> dict:
+            return sample
+
+    dataset = get_train_dataset(str(dataset), batch_size=None, task_encoder=ReadOnly(), repeat=False,
+                                worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+                                shuffle_buffer_size=None, max_samples_per_sequence=None)
+    return get_savable_loader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None)
+
+
 def loader_config(dataset: Path) -> dict:
     return {"tokenizer": str(tokenizer_dir()),
             "task_encoder": {"name": "nemotron_multimodal",
@@ -149,6 +177,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     loader = build_train_loader(loader_config(dataset), repeat=False)
     build_s = time.perf_counter() - t
+    reader = energon_read_loader(dataset)
 
     def path_pass() -> dict:
         t0 = time.perf_counter()
@@ -171,6 +200,9 @@ def main(argv=None) -> int:
 
     floors = {"one_text_per_call": floor_one, "list_of_256_per_call": floor_buffer, "whole_list_one_call": floor_all}
 
+    def read_pass() -> int:
+        return sum(1 for _ in reader)
+
     # Warm-up round (caches, lazy imports), which also checks the token counts agree.
     first = path_pass()
     if first["samples"] != n:
@@ -180,10 +212,12 @@ def main(argv=None) -> int:
         if got != first["tokens"]:
             raise AssertionError(f"floor {name} counts {got} tokens, the path's batches hold {first['tokens']}")
     tokens = first["tokens"]
+    if read_pass() != n:
+        raise AssertionError("Energon's read-only pass did not yield every sample once")
 
-    times: dict[str, list[float]] = {"path": [], **{k: [] for k in floors}}
+    times: dict[str, list[float]] = {"path": [], **{k: [] for k in floors}, "energon_read": []}
     for r in range(rounds):
-        order = list(floors) + ["path"]
+        order = list(floors) + ["energon_read", "path"]
         if r % 2:
             order.reverse()                  # alternate which side runs first
         for k in order:
@@ -191,14 +225,22 @@ def main(argv=None) -> int:
                 res = path_pass()
                 assert res["tokens"] == tokens
                 times["path"].append(res["s"])
+            elif k == "energon_read":
+                times[k] += C.bench_timer(read_pass, 1)
             else:
                 times[k] += C.bench_timer(floors[k], 1)
     tps = {k: tokens / C.median(v) for k, v in times.items()}
     best_floor = max(floors, key=lambda k: tps[k])
+    floor_s, read_s = C.median(times[best_floor]), C.median(times["energon_read"])
+    ceiling = floor_s / (floor_s + read_s)      # a path that only read (Energon) and tokenized (floor)
+    ratio = tps["path"] / tps[best_floor]
 
     print(f"{'pass':<24}{'tokens/s':>12}{'x floor':>9}   rounds (s)")
     for k in times:
-        print(f"{k:<24}{tps[k]:>12,.0f}{tps[k] / tps[best_floor]:>9.3f}   " + " ".join(f"{x:.3f}" for x in times[k]))
+        if k != "energon_read":
+            print(f"{k:<24}{tps[k]:>12,.0f}{tps[k] / tps[best_floor]:>9.3f}   " + " ".join(f"{x:.3f}" for x in times[k]))
+    print(f"energon_read (no encoding) {read_s:.3f} s = {read_s / floor_s:.2f}x the floor's time: any path over "
+          f"Energon's reader stays under {ceiling:.3f}x; this one reaches {ratio / ceiling:.0%} of that")
     print(f"floor = {best_floor}; loader build (once, untimed) {build_s:.3f} s; "
           f"dataset ready in {dataset_s:.2f} s")
 
@@ -213,7 +255,7 @@ def main(argv=None) -> int:
 
     C.emit({
         "name": "text_path",
-        "ratio": round(tps["path"] / tps[best_floor], 4),
+        "ratio": round(ratio, 4),
         "goal": GOAL,
         "better": "higher",
         "tokens": tokens,
@@ -222,6 +264,10 @@ def main(argv=None) -> int:
         "floor_tokens_per_s": round(tps[best_floor]),
         "floor_variant": best_floor,
         "floor_variants_tokens_per_s": {k: round(tps[k]) for k in floors},
+        "energon_read_s": round(read_s, 3),
+        "floor_s": round(floor_s, 3),
+        "ceiling_with_energon_read": round(ceiling, 4),
+        "share_of_ceiling": round(ratio / ceiling, 4),
         "fill": round(tokens / (first["rows"] * SEQ_LENGTH), 4),
         "packed_rows": first["rows"],
         "tokens_per_conversation_mean": round(tokens / n, 1),
