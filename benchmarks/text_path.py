@@ -24,8 +24,8 @@ Three passes over the same conversations, interleaved round by round, median of 
 
 Tokens are the real (non-pad) tokens of the packed batches (the sum of ``cu_seqlens[-1]``); they
 must equal the floor's token count (checked). ``ratio`` = path tokens/s ÷ floor tokens/s (goal
-0.90, higher is better); ``share_of_ceiling`` = ratio ÷ ceiling. ``--profile`` prints the top cProfile entries (by own time) of one path
-pass (one epoch of the already built loader).
+0.90, higher is better); ``share_of_ceiling`` = ratio ÷ ceiling. ``--profile`` prints the top
+cProfile entries (by own time) of one path pass (one epoch of the already built loader).
 
 The tokenizer is Qwen2.5's plus ``<think>``/``</think>`` as added tokens (see ``tokenizer_dir``).
 """
