@@ -4,6 +4,7 @@ loop-based recomputation of ``process_image``."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import struct
@@ -263,29 +264,41 @@ def gray_png(width: int, height: int, value: int) -> bytes:
 
 
 @pytest.mark.parametrize("value", [0, 1, 77, 128, 254, 255])
-@pytest.mark.parametrize("options", [ImageOptions(), ImageOptions(mode="tiling", tile_size=64, max_tiles=4)])
-def test_uniform_gray_normalisation(value, options):
+@pytest.mark.parametrize("resize", ["hf", "pil"])
+@pytest.mark.parametrize("options", [{}, {"mode": "tiling", "tile_size": 64, "max_tiles": 4}])
+def test_uniform_gray_normalisation(value, options, resize):
     data = gray_png(100, 60, value)
-    plan = plan_image(*image_header_size(data), options)
+    plan = plan_image(*image_header_size(data), ImageOptions(**options, resize=resize))
     out = process_image(data, plan)
     p = plan.patch_size
     expected = torch.tensor([(value / 255 - m) / s for m, s in zip(CLIP_MEAN, CLIP_STD)], dtype=torch.float64)
     expected = expected.repeat_interleave(p * p).to(torch.float32)
     assert out.dtype == torch.float32 and out.shape == (plan.num_patches, 3 * p * p)
-    torch.testing.assert_close(out, expected.expand_as(out), atol=1e-6, rtol=0)
+    # the weights of a float resize sum to 1 up to float rounding: a flat image stays flat to ~1e-7 of a level
+    torch.testing.assert_close(out, expected.expand_as(out), atol=1e-6 if resize == "pil" else 1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------
 # process_image against a straight recomputation
 # ---------------------------------------------------------------------------------------------
 def straight_process(data: bytes, plan: ImagePlan, tile: int | None = None) -> np.ndarray:
-    """PIL decode, RGB, exif_transpose, bicubic resize, float /255, CLIP mean/std, and patches cut
-    one by one in Python loops. ``tile`` set: tiling mode with that tile size."""
+    """PIL decode, RGB, exif_transpose, bicubic resize (``plan.resize``: ``pil`` — PIL on uint8;
+    ``hf`` — ``torch.nn.functional.interpolate(antialias=True)`` in float32, as the Omni processor),
+    float /255, CLIP mean/std, and patches cut one by one in Python loops. ``tile`` set: tiling mode
+    with that tile size."""
     img = ImageOps.exif_transpose(Image.open(io.BytesIO(data)).convert("RGB"))
     p = plan.patch_size
 
     def normalised(im, size):
-        arr = np.asarray(im.resize(size, Image.Resampling.BICUBIC), dtype=np.float32) / np.float32(255)
+        if plan.resize == "pil":
+            arr = np.asarray(im.resize(size, Image.Resampling.BICUBIC), dtype=np.float32)
+        else:
+            x = torch.from_numpy(np.array(im)).permute(2, 0, 1)[None].float()
+            if (size[1], size[0]) != tuple(x.shape[-2:]):
+                x = torch.nn.functional.interpolate(x, size=(size[1], size[0]), mode="bicubic",
+                                                    antialias=True, align_corners=False)
+            arr = x[0].permute(1, 2, 0).numpy()
+        arr = arr / np.float32(255)
         return (arr - np.asarray(CLIP_MEAN, np.float32)) / np.asarray(CLIP_STD, np.float32)   # H, W, C
 
     def patches(arr):
@@ -311,25 +324,29 @@ def straight_process(data: bytes, plan: ImagePlan, tile: int | None = None) -> n
 @pytest.mark.parametrize("w,h,fmt,orientation", [
     (300, 200, "JPEG", 1), (640, 480, "JPEG", 1), (1000, 700, "PNG", 1), (700, 1000, "WEBP", 1),
     (333, 222, "JPEG", 6), (257, 129, "PNG", 8), (1920, 1080, "JPEG", 1)])
-def test_dynamic_equals_straight_computation(w, h, fmt, orientation):
+@pytest.mark.parametrize("resize", ["hf", "pil"])
+def test_dynamic_equals_straight_computation(w, h, fmt, orientation, resize):
     data = make_image(w, h, seed=w, fmt=fmt)
     if orientation != 1:
         data = with_orientation(data, orientation, fmt)
-    plan = plan_image(*image_header_size(data))
+    plan = plan_image(*image_header_size(data), ImageOptions(resize=resize))
     out = process_image(data, plan)
-    np.testing.assert_allclose(out.numpy(), straight_process(data, plan), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out.numpy(), straight_process(data, plan), atol=1e-6 if resize == "pil" else 2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("w,h,options", [
     (640, 480, TILING), (1000, 4000, TILING), (512, 512, TILING),
     (300, 170, ImageOptions(mode="tiling", tile_size=128, max_tiles=6, patch_size=16)),
     (170, 300, ImageOptions(mode="tiling", tile_size=112, max_tiles=8, patch_size=14, use_thumbnail=False))])
-def test_tiling_equals_straight_computation(w, h, options):
+@pytest.mark.parametrize("resize", ["hf", "pil"])
+def test_tiling_equals_straight_computation(w, h, options, resize):
     data = make_image(w, h, seed=h, fmt="JPEG")
+    options = dataclasses.replace(options, resize=resize)
     plan = plan_image(*image_header_size(data), options)
     out = process_image(data, plan)
     assert out.shape == (plan.num_patches, 3 * options.patch_size ** 2)
-    np.testing.assert_allclose(out.numpy(), straight_process(data, plan, options.tile_size), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out.numpy(), straight_process(data, plan, options.tile_size),
+                               atol=1e-6 if resize == "pil" else 2e-5, rtol=0)
 
 
 def test_pil_image_and_path_inputs(tmp_path):

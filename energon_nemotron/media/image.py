@@ -9,12 +9,22 @@ Two layouts, both for RADIO ViT-H/16 with 2x2 pixel shuffle (see the notes, §1)
 
 :func:`plan_image` decides the geometry and the LLM token count from ``(width, height)`` alone, so
 token budgeting can run before decoding; :func:`process_image` decodes and produces
-``float32 [num_patches, 3*P*P]``: PIL bicubic resize of the RGB image, ``/255``, OpenAI-CLIP
-mean/std, then patches in raster order, each flattened in ``(C, P, P)`` order. The arithmetic is
-``(v / 255 - mean) / std`` in float32, bit for bit what ``ToTensor`` + ``Normalize`` compute.
+``float32 [num_patches, 3*P*P]``, patches in raster order, each flattened in ``(C, P, P)`` order,
+``(v / 255 - mean) / std`` with the OpenAI-CLIP mean/std.
+
+Decoding to RGB follows the Omni processor's ``convert_to_rgb``: an image with an alpha band or a
+``transparency`` key is composited onto white; others go through ``convert("RGB")`` (palette,
+grayscale, CMYK, ...). 16-bit data (``I;16*``, ``I``) is scaled to 8 bits first (``v >> 8``): PIL's
+own conversion clips it, which turns most 16-bit images white. A GIF or other animated file gives its
+first frame.
+
+Resize (``ImageOptions.resize``): ``hf`` — float32 antialiased bicubic without clamping, as the
+processor's ``interpolate(..., mode="bicubic", antialias=True)`` (:mod:`energon_nemotron.media.resize`);
+``pil`` — PIL bicubic on uint8 (rounded and clamped after each pass), the earlier behaviour.
 
 EXIF orientation (tag 0x0112, read from the header, never after decoding) is applied by both
-:func:`image_header_size` and :func:`process_image`; unreadable EXIF counts as no orientation.
+:func:`image_header_size` and :func:`process_image`; unreadable EXIF counts as no orientation. (The
+processor applies it only when it opens a path itself; fed a PIL image it does not.)
 """
 
 from __future__ import annotations
@@ -33,9 +43,10 @@ import torch
 from PIL import Image
 
 from energon_nemotron.errors import ConfigError, MediaError
+from energon_nemotron.media.resize import resize_to_patches
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "ImageOptions", "ImagePlan", "image_header_size", "plan_image",
-           "process_image", "patchify"]
+           "process_image", "patchify", "to_rgb"]
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -55,7 +66,9 @@ _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Imag
 class ImageOptions:
     """How images become patches. ``dynamic`` uses ``min_patches``/``max_patches`` (the budget);
     ``tiling`` uses ``tile_size``/``max_tiles``/``use_thumbnail``. ``max_pixels`` bounds the source
-    size (checked on the header, before decoding). Invalid values raise ``ConfigError``."""
+    size (checked on the header, before decoding); ``resize`` picks the kernel (``hf``: the Omni
+    processor's float antialiased bicubic; ``pil``: PIL bicubic on uint8). Invalid values raise
+    ``ConfigError``."""
 
     mode: Literal["dynamic", "tiling"] = "dynamic"
     patch_size: int = 16
@@ -66,10 +79,13 @@ class ImageOptions:
     max_tiles: int = 12
     use_thumbnail: bool = True
     max_pixels: int = 89_478_485
+    resize: Literal["hf", "pil"] = "hf"
 
     def __post_init__(self) -> None:
         if self.mode not in ("dynamic", "tiling"):
             raise ConfigError(f"image mode must be 'dynamic' or 'tiling', not {self.mode!r}")
+        if self.resize not in ("hf", "pil"):
+            raise ConfigError(f"image resize must be 'hf' or 'pil', not {self.resize!r}")
         for name in ("patch_size", "min_patches", "max_patches", "downsample", "tile_size", "max_tiles",
                      "max_pixels"):
             value = getattr(self, name)
@@ -89,8 +105,8 @@ class ImagePlan:
     ``width``/``height``: source size after EXIF orientation. ``grid_h``/``grid_w``: patch grid of ONE
     unit (the resized image in dynamic mode, one tile in tiling mode). ``num_units``: 1 (dynamic) or
     tiles plus thumbnail (tiling). ``tiles_w``/``tiles_h``: the tile grid (1, 1 in dynamic mode).
-    ``num_tokens``: LLM tokens after pixel shuffle. ``patch_size``: pixels per patch side (an addition
-    to the data-model fields, needed to process without the options)."""
+    ``num_tokens``: LLM tokens after pixel shuffle. ``patch_size``: pixels per patch side and
+    ``resize`` the kernel (additions to the data-model fields, needed to process without the options)."""
 
     width: int
     height: int
@@ -101,6 +117,7 @@ class ImagePlan:
     tiles_h: int
     num_tokens: int
     patch_size: int = 16
+    resize: str = "hf"
 
     @property
     def num_patches(self) -> int:
@@ -214,26 +231,50 @@ def plan_image(width: int, height: int, options: ImageOptions = ImageOptions()) 
     shuffle = options.downsample ** 2
     if options.mode == "dynamic":
         gh, gw = _dynamic_grid(width, height, options)
-        return ImagePlan(width, height, gh, gw, 1, 1, 1, gh * gw // shuffle, options.patch_size)
+        return ImagePlan(width, height, gh, gw, 1, 1, 1, gh * gw // shuffle, options.patch_size, options.resize)
     tw, th = _tile_grid(width, height, options)
     units = tw * th + (1 if options.use_thumbnail and tw * th > 1 else 0)
     g = options.tile_size // options.patch_size
-    return ImagePlan(width, height, g, g, units, tw, th, units * g * g // shuffle, options.patch_size)
+    return ImagePlan(width, height, g, g, units, tw, th, units * g * g // shuffle, options.patch_size, options.resize)
+
+
+_SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """RGB uint8 image of ``im`` as the processor's ``convert_to_rgb`` makes it (alpha or a
+    ``transparency`` key composited onto white), 16-bit data scaled to 8 bits (``v >> 8``) first."""
+    if im.mode in _SIXTEEN_BIT:
+        wide = np.clip(np.asarray(im), 0, 65535).astype(np.uint32)
+        im = Image.fromarray((wide >> 8).astype(np.uint8), "L")
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
+        white = Image.new("RGBA", im.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, im.convert("RGBA")).convert("RGB")
+    return im if im.mode == "RGB" else im.convert("RGB")
 
 
 def _decode_rgb(im: Image.Image, orientation: int) -> Image.Image:
-    """Decode, convert to RGB (alpha dropped, as ``convert("RGB")`` does) and apply the orientation."""
+    """Decode, convert with :func:`to_rgb` and apply the EXIF orientation."""
     try:
         im.load()
-        rgb = im if im.mode == "RGB" else im.convert("RGB")
+        rgb = to_rgb(im)
     except _DECODE_ERRORS as e:
         raise MediaError(f"cannot decode image: {type(e).__name__}: {e}") from None
     return rgb.transpose(_TRANSPOSE[orientation]) if orientation != 1 else rgb
 
 
-def _resized(im: Image.Image, size: tuple[int, int]) -> np.ndarray:
-    """uint8 ``[H, W, 3]`` of ``im`` resized (PIL bicubic) to ``size = (W, H)``."""
-    return np.asarray(im if im.size == size else im.resize(size, Image.Resampling.BICUBIC))
+def _pil_patches(im: Image.Image, grid_h: int, grid_w: int, p: int) -> torch.Tensor:
+    """uint8 ``[grid_h, grid_w, 3, p, p]`` of ``im`` resized with PIL bicubic (skipped at size)."""
+    size = (grid_w * p, grid_h * p)
+    u8 = np.array(im if im.size == size else im.resize(size, Image.Resampling.BICUBIC))
+    return torch.from_numpy(u8.reshape(grid_h, p, grid_w, p, 3).transpose(0, 2, 4, 1, 3))
+
+
+def _patch_grid(rgb: Image.Image, planes, grid_h: int, grid_w: int, plan: ImagePlan) -> torch.Tensor:
+    """``[grid_h, grid_w, 3, P, P]`` pixel values (0-255 scale) of the image resized to the grid."""
+    if plan.resize == "pil":
+        return _pil_patches(rgb, grid_h, grid_w, plan.patch_size)
+    return resize_to_patches(planes, grid_h, grid_w, plan.patch_size)
 
 
 def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> torch.Tensor:
@@ -257,20 +298,18 @@ def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> to
         if size != (plan.width, plan.height):
             raise MediaError(f"image is {size[0]}x{size[1]} but the plan is for {plan.width}x{plan.height}")
         rgb = _decode_rgb(im, orientation)
-        uw, uh = plan.unit_size
-        u8 = np.empty((plan.num_units, gh, gw, 3, p, p), dtype=np.uint8)
-        whole = _resized(rgb, (plan.tiles_w * uw, plan.tiles_h * uh))
-        u8[:tiles].reshape(plan.tiles_h, plan.tiles_w, gh, gw, 3, p, p)[...] = (
-            whole.reshape(plan.tiles_h, gh, p, plan.tiles_w, gw, p, 3).transpose(0, 3, 1, 4, 6, 2, 5))
+        planes = None if plan.resize == "pil" else torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
+        out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
+        units = out.view(plan.num_units, gh, gw, 3, p, p)
+        whole = _patch_grid(rgb, planes, plan.tiles_h * gh, plan.tiles_w * gw, plan)
+        units[:tiles].view(plan.tiles_h, plan.tiles_w, gh, gw, 3, p, p).copy_(
+            whole.reshape(plan.tiles_h, gh, plan.tiles_w, gw, 3, p, p).transpose(1, 2))
         if plan.has_thumbnail:
-            u8[tiles] = _resized(rgb, (uw, uh)).reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3)
+            units[tiles].copy_(_patch_grid(rgb, planes, gh, gw, plan))
     finally:
         if owned:
             im.close()
-    out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
-    planes = out.view(-1, 3, p * p)
-    torch.div(torch.from_numpy(u8).view(-1, 3, p * p), 255.0, out=planes)
-    planes.sub_(MEAN_PLANES).div_(STD_PLANES)
+    out.view(-1, 3, p * p).div_(255.0).sub_(MEAN_PLANES).div_(STD_PLANES)
     return out
 
 
