@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Reference code the tests compare against, never imported by the library: the transformers
+# processors in their own environment (they need torchvision, which cannot sit beside the CPU torch
+# of .venv), and Megatron-Bridge's wheel unpacked into a cache (code only, nothing installed).
+REF_VENV ?= .venv-ref
+REF_STAMP := $(REF_VENV)/.installed-stamp
+REF_CACHE ?= .cache/references
+BRIDGE_STAMP := $(REF_CACHE)/megatron_bridge-0.6.2/.fetched
 
-.PHONY: install demo test test-fast test-slow bench bench-quick clean
+.PHONY: install references demo test test-fast test-slow bench bench-quick clean
 
 install: $(STAMP)
 
@@ -14,25 +21,35 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+references: $(REF_STAMP) $(BRIDGE_STAMP)
+
+$(REF_STAMP):
+	@test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
+	$(REF_VENV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 pillow av numpy
+	@touch $(REF_STAMP)
+
+$(BRIDGE_STAMP): | $(STAMP)
+	PYTHON=$(BIN)/python bash tests/references/fetch_bridge.sh $(REF_CACHE)
+
 demo: install
 	$(BIN)/energon-nemotron demo
 
 # The default run (not slow), then the slow tests.
-test: install
+test: install references
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -m slow
 
-test-fast: install
+test-fast: install references
 	$(BIN)/python -m pytest -q -x
 
-test-slow: install
+test-slow: install references
 	$(BIN)/python -m pytest -q -m slow
 
-bench: install
+bench: install references
 	$(BIN)/python benchmarks/run_all.py
 
-bench-quick: install
+bench-quick: install references
 	$(BIN)/python benchmarks/run_all.py --quick
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) $(REF_VENV) .cache build dist *.egg-info .pytest_cache

@@ -1,0 +1,194 @@
+"""The generated media corpus that the project and the official Nemotron Omni processor both read.
+
+``build_corpus(folder)`` writes images of every kind the processor-parity tests cover (JPEG photos
+and grayscale, CMYK JPEG, EXIF-oriented JPEGs, 8-bit / 16-bit / palette / LA / RGBA PNGs, WebP,
+GIF), videos of several frame rates, sizes and rotations, and WAV clips of many lengths, plus
+``manifest.json``: one entry per item with its file and how the reference must be fed
+(``tests/references/hf_omni_processor.py`` reads it in the ``.venv-ref`` environment).
+
+Everything is deterministic (seeded) and made here: PIL for images, PyAV for mp4, ``wave`` for WAV.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import wave
+import zlib
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+SR = 16000
+
+
+# -- pictures ----------------------------------------------------------------------------------
+def photo(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    """uint8 [h, w, 3]: smooth colour fields, a few blobs and sensor-like noise."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = np.stack([x / max(w, 1), y / max(h, 1), (x + y) / max(w + h, 1)], -1) * 200 + 20
+    for _ in range(4):
+        cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(5, max(w, h) / 3)
+        base += (np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r))[..., None]
+                 * rng.uniform(-90, 90, 3).astype(np.float32))
+    base += rng.normal(0, 6, base.shape)
+    return np.clip(base, 0, 255).astype(np.uint8)
+
+
+def screenshot(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    """uint8 [h, w, 3]: flat panels, 1-px rules and text: hard edges (the worst case for resizing)."""
+    im = Image.new("RGB", (w, h), tuple(int(v) for v in rng.integers(200, 256, 3)))
+    d = ImageDraw.Draw(im)
+    for _ in range(6):
+        x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
+        d.rectangle([x0, y0, x0 + int(rng.integers(10, w // 2 + 11)), y0 + int(rng.integers(8, h // 3 + 9))],
+                    fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    for row in range(0, h, 14):
+        d.text((4, row), "energon nemotron 0123456789 ABC xyz", fill=(0, 0, 0))
+        d.line([(0, row + 12), (w, row + 12)], fill=(90, 90, 90))
+    return np.asarray(im)
+
+
+def _png16(gray: np.ndarray) -> bytes:
+    """A 16-bit grayscale PNG of ``gray`` (uint16 [h, w]), written chunk by chunk."""
+    h, w = gray.shape
+    raw = b"".join(b"\x00" + gray[r].astype(">u2").tobytes() for r in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", w, h, 16, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def _encode(im: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def _with_orientation(im: Image.Image, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return _encode(im, "JPEG", quality=90, exif=exif.tobytes())
+
+
+def image_items(rng: np.random.Generator) -> list[tuple[str, str, bytes, str]]:
+    """``(name, kind, encoded bytes, reference_input)``: ``reference_input`` is ``exif_transpose``
+    for every image (what HF's loaders do) or ``scale16`` for 16-bit data (the reference is fed
+    the image scaled to 8 bits, since its own conversion clips it)."""
+    sizes = [(720, 477), (200, 150), (1229, 881), (64, 1500), (1800, 300), (512, 512), (33, 17), (640, 360)]
+    out = []
+
+    def add(name, kind, data, ref="exif_transpose"):
+        out.append((name, kind, data, ref))
+
+    for i, (w, h) in enumerate(sizes):
+        add(f"jpeg_photo_{i}", "jpeg", _encode(Image.fromarray(photo(rng, w, h)), "JPEG", quality=int(rng.integers(70, 96))))
+    for i, (w, h) in enumerate(sizes[:4]):
+        add(f"jpeg_gray_{i}", "jpeg_gray", _encode(Image.fromarray(photo(rng, w, h)[..., 1]), "JPEG", quality=85))
+        cmyk = Image.fromarray(photo(rng, w, h)).convert("CMYK")
+        add(f"jpeg_cmyk_{i}", "jpeg_cmyk", _encode(cmyk, "JPEG", quality=90))
+    for orientation in range(2, 9):
+        w, h = sizes[orientation % len(sizes)]
+        add(f"jpeg_exif_{orientation}", "jpeg_exif", _with_orientation(Image.fromarray(photo(rng, w, h)), orientation))
+    for i, (w, h) in enumerate([(1988, 1362), (1629, 927), (700, 400), (300, 900)]):
+        add(f"png_rgb_{i}", "png", _encode(Image.fromarray(screenshot(rng, w, h)), "PNG"))
+    for i, (w, h) in enumerate([(640, 480), (123, 321), (1024, 700), (96, 96)]):
+        y, x = np.mgrid[0:h, 0:w]
+        gray = ((x * 65535 // max(w - 1, 1) + y * 97) % 65536).astype(np.uint16)
+        add(f"png16_gray_{i}", "png16", _png16(gray), "scale16")
+    for i, (w, h) in enumerate([(306, 275), (800, 600), (150, 60), (1000, 1000)]):
+        rgba = np.dstack([screenshot(rng, w, h), np.zeros((h, w), np.uint8)])
+        yy, xx = np.mgrid[0:h, 0:w]
+        rgba[..., 3] = np.where((xx - w / 2) ** 2 + (yy - h / 2) ** 2 < (min(w, h) / 2.5) ** 2, 255,
+                                np.where(xx < w // 5, 128, 0))
+        add(f"png_rgba_{i}", "png_rgba", _encode(Image.fromarray(rgba, "RGBA"), "PNG"))
+        la = Image.fromarray(rgba[..., [1, 3]], "LA")
+        add(f"png_la_{i}", "png_la", _encode(la, "PNG"))
+    for i, (w, h) in enumerate([(500, 300), (77, 211), (640, 640), (1300, 400)]):
+        pal = Image.fromarray(screenshot(rng, w, h)).quantize(64)
+        add(f"png_palette_{i}", "png_palette", _encode(pal, "PNG"))
+        add(f"png_palette_trns_{i}", "png_palette_trns", _encode(pal, "PNG", transparency=int(i * 7)))
+    for i, (w, h) in enumerate([(720, 477), (333, 555), (1200, 800), (48, 48)]):
+        add(f"webp_lossy_{i}", "webp", _encode(Image.fromarray(photo(rng, w, h)), "WEBP", quality=80))
+        rgba = np.dstack([photo(rng, w, h), rng.integers(0, 256, (h, w), dtype=np.uint8)])
+        add(f"webp_rgba_{i}", "webp_rgba", _encode(Image.fromarray(rgba, "RGBA"), "WEBP", lossless=True))
+    for i, (w, h) in enumerate([(320, 240), (97, 61), (600, 450), (256, 512)]):
+        frames = [Image.fromarray(screenshot(rng, w, h)).quantize(32) for _ in range(3)]
+        data = _encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=80, loop=0,
+                       **({"transparency": 3} if i % 2 else {}))
+        add(f"gif_{i}", "gif", data)
+    return out
+
+
+# -- videos ------------------------------------------------------------------------------------
+#: (name, width, height, fps, frames, rotation, reference kwargs, target_patches)
+VIDEOS = [
+    ("v30_640x360", 640, 360, Fraction(30), 300, 0, {"fps": 2}, 1024),
+    ("v24_320x240", 320, 240, Fraction(24), 84, 0, {"num_frames": 8}, 256),
+    ("v25_1280x720_short", 1280, 720, Fraction(25), 20, 0, {"num_frames": 8}, 256),
+    ("v60_160x96", 160, 96, Fraction(60), 600, 0, {"num_frames": 16}, 256),
+    ("v2997_480x270", 480, 270, Fraction(30000, 1001), 150, 0, {"num_frames": 9}, 256),
+    ("v15_portrait_rot90", 320, 180, Fraction(15), 45, 90, {"num_frames": 8}, 256),
+    ("v30_rot270", 256, 144, Fraction(30), 60, 270, {"num_frames": 6}, 256),
+    ("v30_rot180", 200, 120, Fraction(30), 40, 180, {"num_frames": 4}, 256),
+    ("v10_odd_frames", 176, 144, Fraction(10), 35, 0, {"num_frames": 7}, 1024),
+    ("v50_square", 240, 240, Fraction(50), 120, 0, {"fps": 2}, 256),
+]
+
+
+# -- audio -------------------------------------------------------------------------------------
+#: clip lengths in samples (16 kHz): 0.1 s to 30 s, many with (L // 160) % 8 == 0
+AUDIO_SAMPLES = sorted({1600, 1760, 2000, 2560, 3200, 5120, 8000, 10240, 12800, 16000, 16160, 20480,
+                        32000, 40960, 48000, 64000, 80000, 81920, 100000, 116800, 128000, 160000,
+                        160160, 200000, 240000, 256000, 320000, 400000, 479840, 480000})
+
+
+def tone_wav(num_samples: int, seed: int) -> bytes:
+    """16-bit mono 16 kHz WAV: a chirp plus noise, ``num_samples`` long."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(num_samples) / SR
+    x = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.05 * rng.standard_normal(num_samples)
+    pcm = np.clip(np.round(x * 32768), -32768, 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
+
+
+def build_corpus(folder: Path, kinds=("images", "videos", "audio"), seed: int = 12) -> dict:
+    """Write the corpus (the given kinds) under ``folder`` and return (and write) its manifest."""
+    from indexed_video import make_indexed_video
+    from mp4_rotation import with_rotation
+
+    rng = np.random.default_rng(seed)
+    for sub in kinds:
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    manifest: dict = {kind: [] for kind in kinds}
+    for name, kind, data, ref in image_items(rng) if "images" in kinds else ():
+        ext = {"png16": "png", "png_rgba": "png", "png_la": "png", "png_palette": "png",
+               "png_palette_trns": "png", "webp_rgba": "webp", "jpeg_gray": "jpg", "jpeg_cmyk": "jpg",
+               "jpeg_exif": "jpg", "jpeg": "jpg"}.get(kind, kind)
+        path = folder / "images" / f"{name}.{ext}"
+        path.write_bytes(data)
+        manifest["images"].append({"name": name, "kind": kind, "file": f"images/{path.name}", "reference_input": ref})
+    for name, w, h, fps, frames, rotation, kwargs, target in VIDEOS if "videos" in kinds else ():
+        path = folder / "videos" / f"{name}.mp4"
+        make_indexed_video(path, w, h, fps, frames)
+        if rotation:
+            path.write_bytes(with_rotation(path.read_bytes(), rotation))
+        manifest["videos"].append({"name": name, "file": f"videos/{path.name}", "rotation": rotation,
+                                   "sampling": kwargs, "target_patches": target})
+    for i, n in enumerate(AUDIO_SAMPLES if "audio" in kinds else ()):
+        path = folder / "audio" / f"a{n}.wav"
+        path.write_bytes(tone_wav(n, seed + i))
+        manifest["audio"].append({"name": f"a{n}", "file": f"audio/{path.name}", "num_samples": n})
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
