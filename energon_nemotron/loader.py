@@ -24,6 +24,7 @@ import torch
 
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, load_config
 from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
+from energon_nemotron.media.handlers import MEDIA_COUNTERS
 from energon_nemotron.telemetry import LoaderStats, SharedCounter
 from energon_nemotron.registry import TASK_ENCODERS
 
@@ -127,7 +128,7 @@ def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
         inner = _megatron_loader(cfg, src, validation, skips)
         stats = LoaderStats(skips, None, pad_id=inner.dataset.encoder.pad_id, log_every=cfg.loader.log_every)
         return Loader(inner, fp, stats, rows=True)
-    decodes = SharedCounter(("image", "video", "audio"), cfg.loader.num_workers)
+    decodes = SharedCounter(MEDIA_COUNTERS, cfg.loader.num_workers)
     inner = _energon_loader(cfg, src, validation, repeat, skips, decodes)
     return Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every))
 

@@ -62,15 +62,17 @@ class LoaderStats:
 
     def as_dict(self) -> dict:
         seconds = time.perf_counter() - self.start
+        media = self.decodes.totals() if self.decodes is not None else {}
+        truncated = media.pop("audio_truncated", 0)
         return {"batches": self.batches, "packs": self.rows, "samples": self.samples, "tokens": self.tokens,
                 "fill_ratio": self.tokens / self.positions if self.positions else 0.0,
                 "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "seconds": seconds,
-                "media_decoded": self.decodes.totals() if self.decodes is not None else {},
-                "skipped": self.skips.totals()}
+                "media_decoded": media, "audio_truncated": truncated, "skipped": self.skips.totals()}
 
     def line(self) -> str:
         d = self.as_dict()
         media = " ".join(f"{k} {v}" for k, v in d["media_decoded"].items()) or "none"
         skipped = " ".join(f"{k} {v}" for k, v in d["skipped"].items()) or "none"
+        truncated = f" ({d['audio_truncated']} audio truncated)" if d["audio_truncated"] else ""
         return (f"batches {d['batches']} | packs {d['packs']} | samples {d['samples']} | fill {d['fill_ratio']:.2%} | "
-                f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media} | skipped: {skipped}")
+                f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media}{truncated} | skipped: {skipped}")

@@ -38,15 +38,8 @@ def conv_out(length: int, kernel: int = 3, stride: int = 2, pad: int = 1) -> int
 
 
 def ref_tokens(n_samples: int, hop: int = 160) -> int:
-    """Notes Appendix A ``parakeet_tokens_valid``: valid frames, three stride-2 convs, min 1."""
-    frames = n_samples // hop
-    for _ in range(3):
-        frames = conv_out(frames)
-    return max(1, frames)
-
-
-def hf_card_tokens(n_samples: int, hop: int = 160) -> int:
-    """The HF model-card estimate: physical STFT frames ``1 + L // hop`` (the pitfall)."""
+    """Physical STFT frames ``1 + L // hop`` (center-padded), three stride-2 convs, min 1: the count
+    of the Omni processor, the transformers model and Megatron-Bridge's collate."""
     frames = 1 + n_samples // hop
     for _ in range(3):
         frames = conv_out(frames)
@@ -88,13 +81,13 @@ def peak_hz(x: np.ndarray, rate: int) -> float:
 # ---------------------------------------------------------------------------------------------
 # Token rule
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("seconds, tokens", [(1, 13), (10, 125), (30, 375), (60, 750), (1200, 15000)])
+@pytest.mark.parametrize("seconds, tokens", [(1, 13), (10, 126), (30, 376), (60, 752), (1200, 15040)])
 def test_tokens_match_the_notes(seconds, tokens):
     plan = plan_audio({"duration": seconds, "sample_rate": SR, "channels": 1})
     assert plan.num_tokens == tokens
     assert plan.num_clips == math.ceil(seconds / 30)
     if seconds <= 30:
-        assert audio_tokens(seconds * SR // 160) == tokens
+        assert audio_tokens(1 + seconds * SR // 160) == tokens
 
 
 def test_audio_tokens_small_values():
@@ -116,7 +109,7 @@ def test_audio_tokens_exhaustive_against_the_conv_formula():
 @settings(max_examples=300, deadline=None)
 @given(st.integers(min_value=0, max_value=SR * 1800))
 def test_audio_tokens_property(n_samples):
-    assert audio_tokens(n_samples // 160) == ref_tokens(n_samples)
+    assert audio_tokens(1 + n_samples // 160) == ref_tokens(n_samples)
 
 
 @settings(max_examples=200, deadline=None)
@@ -125,17 +118,23 @@ def test_plan_matches_the_vllm_clip_rule(n_samples):
     plan = plan_audio({"duration": n_samples / SR, "sample_rate": SR, "channels": 1})
     assert plan.num_samples == n_samples
     assert list(plan.clip_samples) == ref_clips(n_samples)
-    assert list(plan.valid_frames) == [s // 160 for s in plan.clip_samples]
+    assert list(plan.frames) == [1 + s // 160 for s in plan.clip_samples]
     assert plan.num_tokens == sum(ref_tokens(s) for s in ref_clips(n_samples))
 
 
-def test_hf_card_count_is_one_too_many_for_many_lengths():
-    # Pitfall (notes §3): the card counts 1 + L//160 physical frames; the encoder sees L//160 valid ones.
-    assert hf_card_tokens(10 * SR) == 126 and audio_tokens(10 * SR // 160) == 125
-    lengths = range(SR // 2, 30 * SR, 37)
-    differ = [n for n in lengths if hf_card_tokens(n) != audio_tokens(n // 160)]
-    assert len(differ) > len(lengths) // 10
-    assert all(hf_card_tokens(n) == audio_tokens(n // 160) + 1 for n in differ)
+def test_tokens_equal_the_processor_for_every_clip_length():
+    """Every length 0.1 s - 30 s: our plan's tokens equal the Omni processor's own
+    ``_estimate_audio_num_embeddings`` (the transformers code, run on its defaults)."""
+    import types
+
+    from transformers.models.nemotron_h_omni.processing_nemotron_h_omni import NemotronH_Omni_Reasoning_V3Processor
+
+    proc = types.SimpleNamespace(audio_hop_length=160, audio_subsampling_factor=8)
+    estimate = NemotronH_Omni_Reasoning_V3Processor._estimate_audio_num_embeddings
+    for n in range(1600, 30 * SR + 1):
+        plan = plan_audio({"duration": n / SR})
+        assert plan.num_samples == n and plan.tokens == (max(1, estimate(proc, n)),), n
+    assert plan_audio({"duration": 10.0}).tokens == (126,) and plan_audio({"duration": 30.0}).tokens == (376,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,7 +161,7 @@ def test_metadata_of_mp4_with_video_and_aac(tmp_path):
     path.write_bytes(data)
     assert audio_metadata(path) == meta and audio_metadata(str(path)) == meta
     features, lengths = process_audio(path, plan_audio(meta))     # AAC tail padding within tolerance
-    assert features.shape == (1, 3001, 128) and lengths.tolist() == [200]
+    assert features.shape == (1, 201, 128) and lengths.tolist() == [201]
 
 
 def test_mp4_aac_tail_padding_vs_tolerance():
@@ -173,7 +172,7 @@ def test_mp4_aac_tail_padding_vs_tolerance():
     with pytest.raises(MediaError, match="metadata says 2.500 s but the audio decodes to 2.560 s"):
         process_audio(data, plan)
     features, lengths = process_audio(data, plan, AudioOptions(tolerance_seconds=0.07))
-    assert lengths.tolist() == [250] and features.shape == (1, 3001, 128)
+    assert lengths.tolist() == [251] and features.shape == (1, 251, 128)
 
 
 def test_adts_duration_from_packets():
@@ -212,15 +211,15 @@ def test_plan_clip_split():
     assert isinstance(plan, AudioPlan)
     assert plan.num_samples == 65 * SR and plan.num_clips == 3
     assert plan.clip_samples == (480000, 480000, 80000)
-    assert plan.valid_frames == (3000, 3000, 500)
-    assert plan.tokens == (375, 375, 63) and plan.num_tokens == 813
+    assert plan.frames == (3001, 3001, 501)
+    assert plan.tokens == (376, 376, 63) and plan.num_tokens == 815
     assert plan.frames_per_clip == 3001
     assert (plan.source_sample_rate, plan.channels, plan.duration) == (44100, 2, 65.0)
 
     tail = plan_audio({"duration": 30.05, "sample_rate": SR, "channels": 1})
     assert tail.num_samples == 480800
     assert tail.clip_samples == (480000, 1600)          # the 0.05 s remainder padded to 0.1 s
-    assert tail.valid_frames == (3000, 10) and tail.tokens == (375, 2)
+    assert tail.frames == (3001, 11) and tail.tokens == (376, 2)
 
     assert plan_audio({"duration": 30.0}).clip_samples == (480000,)
     assert plan_audio({"duration": 0.01}).clip_samples == (1600,)  # a tiny item is one padded clip
@@ -294,10 +293,10 @@ def test_features_equal_parakeet_extractor_31s(extractor):
     x = tone(300.0, 31.0, SR, 0.3) + tone(1700.0, 31.0, SR, 0.1) + rng.normal(0, 0.01, 31 * SR)
     data = wav_bytes(x[None], SR)
     plan = plan_audio(audio_metadata(data))
-    assert plan.clip_samples == (480000, 16000) and plan.valid_frames == (3000, 100)
+    assert plan.clip_samples == (480000, 16000) and plan.frames == (3001, 101)
     features, lengths = process_audio(data, plan)
     assert features.dtype == torch.float32 and features.shape == (2, 3001, 128)
-    assert lengths.dtype == torch.int64 and lengths.tolist() == [3000, 100]
+    assert lengths.dtype == torch.int64 and lengths.tolist() == [3001, 101]
 
     wave16 = decode_audio(data)
     assert wave16.shape[0] == plan.num_samples
@@ -305,8 +304,8 @@ def test_features_equal_parakeet_extractor_31s(extractor):
     for i, clip in enumerate(clips):
         ref, mask = _direct(extractor, clip)
         valid = int(mask.sum())
-        assert valid == plan.valid_frames[i] == int(lengths[i])
-        assert plan.tokens[i] == audio_tokens(valid)
+        assert valid + 1 == plan.frames[i] == int(lengths[i]) == ref.shape[0]
+        assert plan.tokens[i] == audio_tokens(valid + 1)
         torch.testing.assert_close(features[i, :ref.shape[0]], ref, atol=1e-5, rtol=0)
         assert not features[i, valid:].any()
     # Padding the tail clip inside the extractor to a full clip gives the same F-frame tensor, up to
@@ -321,9 +320,9 @@ def test_features_of_stereo_44k_with_padded_tail(extractor):
     x = tone(500.0, 30.05, 44100, 0.3)
     data = wav_bytes(np.stack([x, 0.5 * x]), 44100)
     plan = plan_audio(audio_metadata(data))
-    assert plan.clip_samples == (480000, 1600) and plan.tokens == (375, 2)
+    assert plan.clip_samples == (480000, 1600) and plan.tokens == (376, 2)
     features, lengths = process_audio(data, plan)
-    assert lengths.tolist() == [3000, 10]
+    assert lengths.tolist() == [3001, 11]
     tail = np.zeros(1600, np.float32)
     tail[:800] = decode_audio(data)[480000:480800]
     ref, mask = _direct(extractor, tail)
@@ -338,7 +337,7 @@ def test_tolerance_trims_and_pads(extractor):
     shorter = plan_audio({"duration": 1.47})       # 0.03 s under: trimmed
     for plan in (longer, shorter):
         features, lengths = process_audio(data, plan)
-        assert lengths.tolist() == [plan.num_samples // 160]
+        assert lengths.tolist() == [1 + plan.num_samples // 160]
         clip = np.zeros(plan.num_samples, np.float32)
         clip[:min(24000, plan.num_samples)] = decode_audio(data)[:plan.num_samples]
         ref, _ = _direct(extractor, clip)

@@ -1,14 +1,21 @@
 """Audio for Nemotron 3 Nano Omni: plan from metadata, decode to 16 kHz mono, Parakeet log-mel features.
 
 Plan (pre-encode, headers only): :func:`audio_metadata` + :func:`plan_audio` give the sample count,
-the 30 s clip split and the tokens per clip. Process (post-encode): :func:`process_audio` decodes
-(:func:`decode_audio`), forces the planned length, splits into the clips and runs
-``transformers.ParakeetFeatureExtractor`` (per-clip, per-feature normalised log-mel).
+the clips (``AudioOptions.long_audio``) and the tokens per clip. Process (post-encode):
+:func:`process_audio` decodes (:func:`decode_audio`), forces the planned length, splits into the
+clips and runs ``transformers.ParakeetFeatureExtractor`` (per-clip, per-feature normalised log-mel).
 
-Token rule: valid frames ``L // hop_length`` of each clip, then the FastConformer 8x subsampling
-(three stride-2 convs, kernel 3, pad 1): ``L <- (L - 1) // 2 + 1`` three times, at least 1 token.
-Not the HF model-card count ``1 + L // hop_length`` (physical frames): one token too many for many
-lengths (10 s: 126 vs 125).
+Token rule, as the Omni processor (``_estimate_audio_num_embeddings``), the transformers model
+(``get_audio_features``: ``subsample(mask.sum() + 1)``) and Megatron-Bridge (``sound_length =
+mel.shape[0]``, ``subsample(sound_length)``) all count: a clip of ``L`` samples has ``1 + L // hop``
+mel frames (the center-padded STFT; the extractor's attention mask covers the first ``L // hop``,
+the last frame is zero), then the FastConformer 8x subsampling (three stride-2 convs, kernel 3,
+pad 1): ``n <- (n - 1) // 2 + 1`` three times. 10 s: 1001 frames, 126 tokens.
+
+Long audio (``long_audio``): ``clips`` splits into ``clip_seconds`` clips (the last one zero-padded to
+``min_clip_seconds``), each featurised and normalised on its own; ``whole`` keeps one clip however
+long (the processor's behaviour: one extractor call, normalised over the whole item); ``truncate``
+keeps the first ``clip_seconds`` (Megatron-Bridge's ``max_audio_duration``) and drops the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import io
 import math
 import os
 from dataclasses import dataclass
-from typing import Union
+from typing import Literal, Union
 
 import numpy as np
 import torch
@@ -43,12 +50,15 @@ class AudioOptions:
     hop_length: int = 160
     subsampling_layers: int = 3        # Parakeet 8x = three stride-2 convs (kernel 3, pad 1)
     tolerance_seconds: float = 0.05    # allowed |decoded - metadata| length; then trimmed/zero-padded
+    long_audio: Literal["clips", "whole", "truncate"] = "clips"   # audio over clip_seconds (module docs)
 
     def __post_init__(self) -> None:
         if (min(self.sample_rate, self.hop_length, self.num_mel_bins, self.max_seconds) <= 0
                 or not 0 < self.min_clip_seconds <= self.clip_seconds
                 or self.subsampling_layers < 0 or self.tolerance_seconds < 0):
             raise ConfigError(f"invalid audio options: {self}")
+        if self.long_audio not in ("clips", "whole", "truncate"):
+            raise ConfigError(f"audio long_audio must be 'clips', 'whole' or 'truncate', not {self.long_audio!r}")
 
     @property
     def clip_length(self) -> int:      # samples of a full clip (480000)
@@ -63,11 +73,14 @@ class AudioOptions:
 class AudioPlan:
     """What one audio item becomes, decided from metadata only.
 
-    ``num_samples = round(duration * options.sample_rate)`` (Python ``round``) is the exact length of
-    the processed waveform. Clips: ``clip_length`` samples each; the remainder forms the last clip,
-    zero-padded to ``min_clip_length`` (a whole item shorter than that is one padded clip).
-    ``frames_per_clip`` = ``1 + clip_length // hop_length`` (3001): the STFT frame count of a full clip,
-    i.e. the fixed padded frame axis ``F`` of the feature tensor.
+    ``num_samples = round(duration * options.sample_rate)`` (Python ``round``) is the length of the
+    decoded waveform. ``clip_samples``: the samples of each clip (``long_audio``: ``clips`` —
+    ``clip_length`` each, the remainder as the last clip, zero-padded to ``min_clip_length``;
+    ``whole`` — one clip of all samples; ``truncate`` — one clip of at most ``clip_length``; an item
+    shorter than ``min_clip_length`` is always one padded clip). ``frames``: ``1 + n // hop_length``
+    mel frames per clip (the model's and Megatron-Bridge's ``sound_length``); ``tokens``: their 8x
+    subsampling. ``frames_per_clip``: the frame axis ``F`` of the feature tensor (the longest clip).
+    ``truncated``: samples dropped by ``truncate``.
     """
 
     duration: float
@@ -75,9 +88,10 @@ class AudioPlan:
     channels: int
     num_samples: int
     clip_samples: tuple[int, ...]
-    valid_frames: tuple[int, ...]
+    frames: tuple[int, ...]
     tokens: tuple[int, ...]
     frames_per_clip: int
+    truncated: int = 0
 
     @property
     def num_clips(self) -> int:
@@ -88,12 +102,13 @@ class AudioPlan:
         return sum(self.tokens)
 
 
-def audio_tokens(valid_frames: int, layers: int = 3) -> int:
-    """Encoder output length for ``valid_frames`` mel frames: ``L <- (L - 1) // 2 + 1`` ``layers``
-    times (stride-2 conv, kernel 3, padding 1), at least 1."""
-    if valid_frames < 0:
-        raise ValueError(f"valid_frames must be >= 0, got {valid_frames}")
-    n = int(valid_frames)
+def audio_tokens(frames: int, layers: int = 3) -> int:
+    """Encoder output length for ``frames`` mel frames (``1 + L // hop`` of a clip of ``L``
+    samples): ``n <- (n - 1) // 2 + 1`` ``layers`` times (stride-2 conv, kernel 3, padding 1), at
+    least 1."""
+    if frames < 0:
+        raise ValueError(f"frames must be >= 0, got {frames}")
+    n = int(frames)
     for _ in range(layers):
         n = (n - 1) // 2 + 1
     return max(1, n)
@@ -178,15 +193,19 @@ def plan_audio(metadata: dict, options: AudioOptions = AudioOptions()) -> AudioP
     if num_samples <= 0:
         raise MediaError(f"audio duration {duration} s rounds to zero samples")
     clip, tail = options.clip_length, options.min_clip_length
-    full, rem = divmod(max(num_samples, tail), clip)
-    sizes = [clip] * full + ([max(rem, tail)] if rem else [])
-    frames = tuple(s // options.hop_length for s in sizes)
-    if min(frames) < 2:     # per-feature normalisation needs two frames (sample std)
+    length = max(num_samples, tail)
+    if options.long_audio == "clips":
+        full, rem = divmod(length, clip)
+        sizes = [clip] * full + ([max(rem, tail)] if rem else [])
+    else:
+        sizes = [min(length, clip) if options.long_audio == "truncate" else length]
+    if min(sizes) // options.hop_length < 2:     # per-feature normalisation needs two frames (sample std)
         raise MediaError(f"a clip of {min(sizes)} samples has fewer than 2 mel frames")
+    frames = tuple(1 + s // options.hop_length for s in sizes)
     return AudioPlan(duration=duration, source_sample_rate=int(metadata.get("sample_rate", 0)),
                      channels=int(metadata.get("channels", 0)), num_samples=num_samples, clip_samples=tuple(sizes),
-                     valid_frames=frames, tokens=tuple(audio_tokens(f, options.subsampling_layers) for f in frames),
-                     frames_per_clip=1 + clip // options.hop_length)
+                     frames=frames, tokens=tuple(audio_tokens(f, options.subsampling_layers) for f in frames),
+                     frames_per_clip=max(frames), truncated=max(0, num_samples - sum(sizes)))
 
 
 def _to_mono(frame) -> np.ndarray:
@@ -264,19 +283,21 @@ def process_audio(data: AudioSource, plan: AudioPlan,
                   options: AudioOptions = AudioOptions()) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode ``data`` and compute the Parakeet features of every planned clip.
 
-    Returns ``features`` float32 ``[num_clips, F, num_mel_bins]`` (``F = plan.frames_per_clip``; frames
-    past a clip's valid ones are 0, as the extractor leaves them) and ``lengths`` int64 ``[num_clips]``
-    (``plan.valid_frames``). The waveform is trimmed / zero-padded to ``plan.num_samples``; a difference
-    over ``options.tolerance_seconds`` raises :class:`MediaError`. Each clip is featurised as the
-    extractor does it for that clip alone (equal-sized clips batched).
+    Returns ``features`` float32 ``[num_clips, F, num_mel_bins]`` (``F = plan.frames_per_clip``; a
+    clip's ``1 + n // hop`` frames as the extractor returns them, the last one zero, then zero
+    padding) and ``lengths`` int64 ``[num_clips]`` (``plan.frames``). The waveform is trimmed /
+    zero-padded to ``plan.num_samples`` (a difference over ``options.tolerance_seconds`` raises
+    :class:`MediaError`), then cut to the clips (``truncate`` drops what follows the first). Each clip
+    is featurised as the extractor does it for that clip alone (equal-sized clips batched).
     """
     wave = decode_audio(data, options)
     sr = options.sample_rate
     if abs(wave.shape[0] - plan.num_samples) > options.tolerance_seconds * sr + 1e-6:
         raise MediaError(f"metadata says {plan.num_samples / sr:.3f} s but the audio decodes to "
                          f"{wave.shape[0] / sr:.3f} s")
-    padded = np.zeros(sum(plan.clip_samples), dtype=np.float32)
-    keep = min(wave.shape[0], plan.num_samples)
+    total = sum(plan.clip_samples)
+    padded = np.zeros(total, dtype=np.float32)
+    keep = min(wave.shape[0], plan.num_samples, total)
     padded[:keep] = wave[:keep]
     starts = np.cumsum((0,) + plan.clip_samples[:-1])
     clips = [padded[s:s + n] for s, n in zip(starts, plan.clip_samples)]
@@ -291,10 +312,10 @@ def process_audio(data: AudioSource, plan: AudioPlan,
             group = idx[g:g + _GROUP]
             out = ex([clips[i] for i in group], sampling_rate=sr, padding="longest",
                      return_attention_mask=True, return_tensors="pt")
-            valid = out["attention_mask"].sum(-1).tolist()
-            want = [plan.valid_frames[i] for i in group]
-            if valid != want:
-                raise AssertionError(f"extractor gives {valid} valid frames, the plan says {want}")
             feats = out["input_features"]
+            got = [feats.shape[1]] * len(group), [v + 1 for v in out["attention_mask"].sum(-1).tolist()]
+            want = [plan.frames[i] for i in group]
+            if got != (want, want):
+                raise AssertionError(f"extractor gives {got[0]} frames ({got[1]} with its mask), the plan says {want}")
             features[group, :feats.shape[1]] = feats.to(torch.float32)
-    return features, torch.tensor(plan.valid_frames, dtype=torch.int64)
+    return features, torch.tensor(plan.frames, dtype=torch.int64)

@@ -30,6 +30,8 @@ from energon_nemotron.types import MediaRef
 #: placeholder token strings that must be single tokens of the tokenizer (and never appear in text)
 PLACEHOLDER_TOKENS = ("<img>", "</img>", "<image>", "<so_start>", "<so_embedding>", "<so_end>")
 VIDEO_INTRO = "This is a video:\n"
+#: columns of the media telemetry counter
+MEDIA_COUNTERS = ("image", "video", "audio", "audio_truncated")
 
 
 @dataclass
@@ -98,8 +100,9 @@ class MediaHandlers:
     video_options: Any
     audio_options: Any
     max_bytes: Optional[int] = None             # per media item, checked before any header is read
-    #: media decoded (phase 2), by modality: a ``telemetry.SharedCounter`` the loader may replace
-    decodes: Any = field(default_factory=lambda: SharedCounter(("image", "video", "audio")))
+    #: media decoded (phase 2), by modality, and audio items cut by ``long_audio: truncate``: a
+    #: ``telemetry.SharedCounter`` the loader may replace
+    decodes: Any = field(default_factory=lambda: SharedCounter(MEDIA_COUNTERS))
     _ids: Optional[dict] = None
 
     def ids(self) -> dict[str, int]:
@@ -163,6 +166,8 @@ class MediaHandlers:
             from energon_nemotron.media.audio import process_audio
 
             features, lengths = process_audio(payload, plan, self.audio_options)
+            if plan.truncated:
+                self.decodes.add("audio_truncated")
             if features.shape[0] != plan.num_clips:
                 raise MediaError(f"audio decoded into {features.shape[0]} clips, {plan.num_clips} planned")
             return {"features": features, "lengths": lengths.to(torch.int64)}

@@ -109,8 +109,9 @@ def row_media(samples: Sequence, source_starts: Sequence[int]) -> dict:
 def batch_media(rows: Sequence[PackedRow]) -> dict:
     """``PackedBatch.media``: ``pixel_values`` (PackedTensor, per visual item [P_i, 3·p·p] float32),
     ``image_sizes`` (PackedTensor, per item int32 [units_i, 2] patch grids), ``num_frames`` (int32
-    [N_visual]: units per item), ``sound_features`` (PackedTensor, per audio [clips_i, F, mel]) and
-    ``sound_lengths`` (PackedTensor, per audio int64 [clips_i]); only the kinds present."""
+    [N_visual]: units per item), ``sound_features`` (PackedTensor, per audio [clips_i, F, mel], F the
+    longest clip of the batch: shorter clips zero-padded) and ``sound_lengths`` (PackedTensor, per
+    audio int64 [clips_i]: mel frames ``1 + L // hop``); only the kinds present."""
     from energon_nemotron.media.packed_tensor import PackedTensor
 
     visual = [v for r in rows for v in r.visual]
@@ -124,7 +125,10 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
         media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
     if audio:
-        media["sound_features"] = PackedTensor.from_list([a["features"] for a in audio], shared=shared)
+        frames = max(a["features"].shape[1] for a in audio)
+        media["sound_features"] = PackedTensor.from_list(
+            [torch.nn.functional.pad(a["features"], (0, 0, 0, frames - a["features"].shape[1]))
+             if a["features"].shape[1] < frames else a["features"] for a in audio], shared=shared)
         media["sound_lengths"] = PackedTensor.from_list([a["lengths"] for a in audio])
     return media
 
