@@ -22,6 +22,8 @@ MEAN = np.array((0.48145466, 0.4578275, 0.40821073), np.float32)
 STD = np.array((0.26862954, 0.26130258, 0.27577711), np.float32)
 CODEC = {"mp4": "libx264", "webm": "libvpx", "matroska": "libx264", "mov": "libx264"}
 _CACHE: dict = {}
+#: the project's earlier video path (segment midpoints decoded by time, PIL resize): kept as an option
+LEGACY = {"sampling": "midpoints", "resize": "pil"}
 
 
 def video(width=160, height=96, seconds=3.0, fps=10, container="mp4", codec=None) -> bytes:
@@ -75,7 +77,7 @@ def reference_rows(frame: np.ndarray, grid_h: int, grid_w: int, p: int = 16) -> 
 def test_metadata_from_headers(container, w, h, seconds):
     meta = video_metadata(video(w, h, seconds, 10, container))
     assert meta == {"width": w, "height": h, "duration": pytest.approx(seconds, abs=1e-3), "fps": 10.0,
-                    "num_frames": round(seconds * 10)}
+                    "num_frames": round(seconds * 10), "rotation": 0}
     assert isinstance(meta["num_frames"], int) and isinstance(meta["duration"], float)
 
 
@@ -165,7 +167,7 @@ meta_dicts = st.fixed_dictionaries({
 @given(meta_dicts, st.booleans(), st.sampled_from([(2.0, 8, 32), (1.0, 4, 64), (0.5, 1, 8)]))
 def test_plan_counts(meta, keep_ar, sampling):
     fps, lo, hi = sampling
-    options = VideoOptions(fps=fps, min_frames=lo, max_frames=hi, maintain_aspect_ratio=keep_ar)
+    options = VideoOptions(fps=fps, min_frames=lo, max_frames=hi, maintain_aspect_ratio=keep_ar, **LEGACY)
     plan = plan_video(meta, options)
     n = min(max(int(fps * meta["duration"]), lo), hi, meta["num_frames"])
     assert plan.num_frames == n
@@ -243,7 +245,7 @@ def frame_rows(out: torch.Tensor, plan: VideoPlan, f: int) -> np.ndarray:
                                                    ("webm", 160, 96, 6.0)])
 def test_frames_are_the_planned_ones(container, w, h, seconds):
     data = video(w, h, seconds, 10, container)
-    options = VideoOptions(min_frames=1)
+    options = VideoOptions(min_frames=1, **LEGACY)
     plan = plan_video(video_metadata(data), options)
     out = process_video(data, plan, options)
     assert out.dtype == torch.float32 and out.shape == (plan.num_patches, 768)
@@ -280,9 +282,9 @@ def test_rows_and_last_tubelet_padding():
 def test_repeated_source_frame_decoded_once():
     """Planned times inside one source frame (here the very last one) give identical rows."""
     data = video(160, 96, 3.0, 10, "mp4")
-    base = plan_video(video_metadata(data))
+    base = plan_video(video_metadata(data), VideoOptions(**LEGACY))
     plan = VideoPlan(**{**base.__dict__, "frame_times": (0.55, 2.91, 2.95, 2.99)})
-    out = process_video(data, plan)
+    out = process_video(data, plan, VideoOptions(**LEGACY))
     assert out.shape[0] == plan.num_patches
     for f in (2, 3):
         np.testing.assert_array_equal(frame_rows(out, plan, f), frame_rows(out, plan, 1))
@@ -292,7 +294,7 @@ def test_repeated_source_frame_decoded_once():
 
 def test_square_frames_and_other_patch_size():
     data = video(96, 160, 2.0, 10, "webm")
-    options = VideoOptions(maintain_aspect_ratio=False, patch_size=14, target_patches=256, min_frames=2)
+    options = VideoOptions(maintain_aspect_ratio=False, patch_size=14, target_patches=256, min_frames=2, **LEGACY)
     plan = plan_video(video_metadata(data), options)
     assert (plan.grid_h, plan.grid_w, plan.tokens_per_tubelet) == (16, 16, 64)
     out = process_video(data, plan, options)
@@ -304,7 +306,7 @@ def test_square_frames_and_other_patch_size():
 @pytest.mark.parametrize("container", ["mp4", "webm"])
 def test_metadata_longer_than_video(container):
     data = video(160, 96, 2.0, 10, container)                              # 20 frames, 0.0 .. 1.9 s
-    options = VideoOptions(fps=10.0, min_frames=1, max_frames=64)
+    options = VideoOptions(fps=10.0, min_frames=1, max_frames=64, **LEGACY)
     meta = {"width": 160, "height": 96, "fps": 10.0}
     one_short = plan_video({**meta, "duration": 2.1, "num_frames": 21}, options)
     assert one_short.num_frames == 21                                      # the last one does not exist
@@ -346,7 +348,7 @@ def test_decodes_only_the_chosen_frames(monkeypatch):
         return Counting(real_open(f))
 
     monkeypatch.setattr(avd, "av_open", counting_open)
-    options = VideoOptions(fps=0.1)
+    options = VideoOptions(fps=0.1, **LEGACY)
     plan = plan_video(video_metadata(data), options)
     assert plan.num_frames == 8 and plan.num_source_frames == 600
     out = process_video(data, plan, options)

@@ -8,8 +8,9 @@ samples selected into a pack, and checks that what it produced matches the plan.
 Placeholders (token ids spliced where a message references the item):
 
 - image: ``<img>`` + ``<image>`` × tokens + ``</img>``
-- video: ``This is a video:\\n``, then per tubelet ``Frame 1 sampled at … seconds and frame 2 sampled at
-  … seconds: `` + ``<img>`` + ``<image>`` × tokens + ``</img>``, tubelets separated by ``\\n``
+- video: per tubelet ``Frame 1 sampled at … seconds and frame 2 sampled at … seconds: `` + ``<img>`` +
+  ``<image>`` × tokens + ``</img>``, tubelets separated by ``\\n`` (the Omni processor's layout); the
+  ``bridge`` and ``midpoints`` samplings put ``This is a video:\\n`` first
 - audio: ``<so_start>`` + ``<so_embedding>`` × tokens + ``<so_end>``
 
 Each text piece is tokenized on its own, so nothing merges across a placeholder.
@@ -138,7 +139,7 @@ class MediaHandlers:
             prompt = video_prompt(plan)
             pieces = self.text.encode_many([VIDEO_INTRO] + [text for text, _ in prompt] + ["\n"])
             intro, texts, newline = pieces[0], pieces[1:-1], pieces[-1]
-            tokens = list(intro)
+            tokens = list(intro) if plan.intro else []
             for k, (piece, (_, n)) in enumerate(zip(texts, prompt)):
                 if k:
                     tokens += newline
