@@ -1,8 +1,9 @@
 """Seconds per image of the dynamic-resolution image path against a minimal inline floor.
 
-Ours, per JPEG: ``plan_image(*image_header_size(data))`` then ``process_image(data, plan)`` (header
-parse, EXIF check, decode, PIL bicubic resize, ``/255``, CLIP mean/std, patchify to
-``float32 [patches, 768]``). The floor, on the same bytes in the same run: PIL decode, ``convert("RGB")``,
+Ours, per JPEG: ``plan_image(*image_header_size(data), ImageOptions(resize="pil"))`` then
+``process_image(data, plan)`` (header parse, EXIF check, decode, PIL bicubic resize, ``/255``, CLIP
+mean/std, patchify to ``float32 [patches, 768]``): the ``pil`` option, the path this floor mirrors
+(the default ``hf`` resize is measured against the Omni processor by ``image_processor.py``). The floor, on the same bytes in the same run: PIL decode, ``convert("RGB")``,
 bicubic resize to the same target (given, not planned), ``np.asarray(float32)``, in-place ``/255``,
 ``-mean``, ``/std``, one transpose copy into patch order, ``torch.from_numpy``.
 
@@ -51,13 +52,16 @@ def main(argv=None) -> int:
     from PIL import Image
 
     from energon_nemotron.demo.media import make_image
-    from energon_nemotron.media.image import CLIP_MEAN, CLIP_STD, image_header_size, plan_image, process_image
+    from energon_nemotron.media.image import (CLIP_MEAN, CLIP_STD, ImageOptions, image_header_size, plan_image,
+                                              process_image)
 
     mean, std = np.asarray(CLIP_MEAN, np.float32), np.asarray(CLIP_STD, np.float32)
     images = [((w, h), make_image(w, h, seed=s, fmt="JPEG")) for (w, h) in SIZES for s in range(seeds)]
 
+    pil = ImageOptions(resize="pil")
+
     def ours(data):
-        return process_image(data, plan_image(*image_header_size(data)))
+        return process_image(data, plan_image(*image_header_size(data), pil))
 
     targets = {}
     max_diff = 0.0

@@ -1,9 +1,11 @@
 """Seconds per video of the Nemotron 3 Omni video path against a minimal inline PyAV floor.
 
-Ours, per video: ``video_metadata`` (headers) + ``plan_video`` (default options: 2 fps, 8..32 frames,
-~1024 patches per frame) + ``process_video`` (Energon ``AVDecoder.get_video_clips`` of the chosen
-frames only, PIL bicubic resize, ``/255``, CLIP mean/std, patchify to ``float32 [patches, 768]``, last
-tubelet padded).
+Ours, per video: ``video_metadata`` (headers) + ``plan_video`` (``sampling: midpoints``, ``resize: pil``,
+the path this floor mirrors; otherwise default options: 2 fps, 8..32 frames, ~1024 patches per frame)
++ ``process_video`` (Energon ``AVDecoder.get_video_clips`` of the chosen frames only, PIL bicubic
+resize, ``/255``, CLIP mean/std, patchify to ``float32 [patches, 768]``, last tubelet padded). The
+default ``hf`` sampling decodes forward by frame index instead and resizes in float32
+(``image_processor.py`` measures that resize against the processor itself).
 
 The floor, on the same bytes and the same planned times (given, not planned), in the same run: open
 with PyAV (codec threads off, as Energon does), one seek to the first time, decode forward taking
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
 
     mean = np.array((0.48145466, 0.4578275, 0.40821073), np.float32)
     std = np.array((0.26862954, 0.26130258, 0.27577711), np.float32)
-    options = VideoOptions()
+    options = VideoOptions(sampling="midpoints", resize="pil")
     videos = [(spec, cached_video(spec)) for spec in specs]
 
     def ours(data):

@@ -10,7 +10,8 @@ Two layouts, both for RADIO ViT-H/16 with 2x2 pixel shuffle (see the notes, §1)
 :func:`plan_image` decides the geometry and the LLM token count from ``(width, height)`` alone, so
 token budgeting can run before decoding; :func:`process_image` decodes and produces
 ``float32 [num_patches, 3*P*P]``, patches in raster order, each flattened in ``(C, P, P)`` order,
-``(v / 255 - mean) / std`` with the OpenAI-CLIP mean/std.
+``(v / 255 - mean) / std`` with the OpenAI-CLIP mean/std (the ``hf`` resize folds it into its passes
+as ``v * SCALE + SHIFT``: the same to float rounding).
 
 Decoding to RGB follows the Omni processor's ``convert_to_rgb``: an image with an alpha band or a
 ``transparency`` key is composited onto white; others go through ``convert("RGB")`` (palette,
@@ -36,7 +37,7 @@ import numbers
 import os
 import struct
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -53,6 +54,9 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 #: CLIP mean/std shaped [1, 3, 1] to broadcast over patch rows viewed as [N, 3, P*P] (image and video)
 MEAN_PLANES = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(1, 3, 1)
 STD_PLANES = torch.tensor(CLIP_STD, dtype=torch.float32).view(1, 3, 1)
+#: ``(v / 255 - mean) / std`` as ``v * SCALE + SHIFT``, folded into the float resize's passes
+SCALE = (1.0 / (255.0 * torch.tensor(CLIP_STD, dtype=torch.float64))).to(torch.float32)
+SHIFT = (-torch.tensor(CLIP_MEAN, dtype=torch.float64) / torch.tensor(CLIP_STD, dtype=torch.float64)).to(torch.float32)
 
 ImageSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 _ORIENTATION_TAG = 0x0112
@@ -263,18 +267,34 @@ def _decode_rgb(im: Image.Image, orientation: int) -> Image.Image:
     return rgb.transpose(_TRANSPOSE[orientation]) if orientation != 1 else rgb
 
 
-def _pil_patches(im: Image.Image, grid_h: int, grid_w: int, p: int) -> torch.Tensor:
-    """uint8 ``[grid_h, grid_w, 3, p, p]`` of ``im`` resized with PIL bicubic (skipped at size)."""
+def _planes(rgb: Image.Image) -> torch.Tensor:
+    """uint8 ``[3, H, W]`` (contiguous planes) of an RGB image: one de-interleaving copy of PIL's
+    pixel bytes (``np.asarray`` only wraps them)."""
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(rgb).transpose(2, 0, 1)))
+
+
+def _pil_patches(im: Image.Image, grid_h: int, grid_w: int, p: int, out: torch.Tensor) -> torch.Tensor:
+    """Write ``im`` resized with PIL bicubic on uint8 (skipped at size) into ``out`` (float32
+    ``[grid_h, grid_w, 3, p, p]``), normalised."""
     size = (grid_w * p, grid_h * p)
-    u8 = np.array(im if im.size == size else im.resize(size, Image.Resampling.BICUBIC))
-    return torch.from_numpy(u8.reshape(grid_h, p, grid_w, p, 3).transpose(0, 2, 4, 1, 3))
+    u8 = np.asarray(im if im.size == size else im.resize(size, Image.Resampling.BICUBIC))
+    u8 = np.ascontiguousarray(u8.reshape(grid_h, p, grid_w, p, 3).transpose(0, 2, 4, 1, 3))
+    planes = out.view(-1, 3, p * p)
+    torch.div(torch.from_numpy(u8).view(-1, 3, p * p), 255.0, out=planes)
+    planes.sub_(MEAN_PLANES).div_(STD_PLANES)
+    return out
 
 
-def _patch_grid(rgb: Image.Image, planes, grid_h: int, grid_w: int, plan: ImagePlan) -> torch.Tensor:
-    """``[grid_h, grid_w, 3, P, P]`` pixel values (0-255 scale) of the image resized to the grid."""
+def _patch_grid(rgb: Image.Image, planes, grid_h: int, grid_w: int, plan: ImagePlan,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``[grid_h, grid_w, 3, P, P]`` normalised pixels of the image resized to the grid, written into
+    ``out`` (float32, that shape) when given."""
+    p = plan.patch_size
+    if out is None:
+        out = torch.empty(grid_h, grid_w, 3, p, p, dtype=torch.float32)
     if plan.resize == "pil":
-        return _pil_patches(rgb, grid_h, grid_w, plan.patch_size)
-    return resize_to_patches(planes, grid_h, grid_w, plan.patch_size)
+        return _pil_patches(rgb, grid_h, grid_w, p, out)
+    return resize_to_patches(planes, grid_h, grid_w, p, out=out, scale=SCALE, shift=SHIFT)
 
 
 def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> torch.Tensor:
@@ -298,18 +318,20 @@ def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> to
         if size != (plan.width, plan.height):
             raise MediaError(f"image is {size[0]}x{size[1]} but the plan is for {plan.width}x{plan.height}")
         rgb = _decode_rgb(im, orientation)
-        planes = None if plan.resize == "pil" else torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
+        planes = None if plan.resize == "pil" else _planes(rgb)
         out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
         units = out.view(plan.num_units, gh, gw, 3, p, p)
-        whole = _patch_grid(rgb, planes, plan.tiles_h * gh, plan.tiles_w * gw, plan)
-        units[:tiles].view(plan.tiles_h, plan.tiles_w, gh, gw, 3, p, p).copy_(
-            whole.reshape(plan.tiles_h, gh, plan.tiles_w, gw, 3, p, p).transpose(1, 2))
+        if tiles == 1:
+            _patch_grid(rgb, planes, gh, gw, plan, out=units[0])
+        else:
+            whole = _patch_grid(rgb, planes, plan.tiles_h * gh, plan.tiles_w * gw, plan)
+            units[:tiles].view(plan.tiles_h, plan.tiles_w, gh, gw, 3, p, p).copy_(
+                whole.reshape(plan.tiles_h, gh, plan.tiles_w, gw, 3, p, p).transpose(1, 2))
         if plan.has_thumbnail:
-            units[tiles].copy_(_patch_grid(rgb, planes, gh, gw, plan))
+            _patch_grid(rgb, planes, gh, gw, plan, out=units[tiles])
     finally:
         if owned:
             im.close()
-    out.view(-1, 3, p * p).div_(255.0).sub_(MEAN_PLANES).div_(STD_PLANES)
     return out
 
 

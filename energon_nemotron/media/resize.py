@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -90,29 +91,54 @@ def _banded(n_in: int, n_out: int, block: int) -> tuple[torch.Tensor, tuple[int,
     return torch.from_numpy(blocks.reshape(nb, block, win)), tuple(int(v) for v in lo), win
 
 
-def resize_to_patches(planes: torch.Tensor, grid_h: int, grid_w: int, patch: int) -> torch.Tensor:
-    """Resize ``planes`` (``[3, h, w]``, uint8 or float32) to ``(grid_h * patch, grid_w * patch)``
-    with antialiased bicubic and return float32 ``[grid_h, grid_w, 3, patch, patch]``: patches in
-    raster order, each ``(C, P, P)``, values in the input's scale and unclamped. Equal to
-    ``interpolate(planes[None].float(), size, mode="bicubic", antialias=True)`` followed by a
-    patch split, to float rounding; an axis already at its size is not resampled (as in ATen)."""
+def resize_to_patches(planes: torch.Tensor, grid_h: int, grid_w: int, patch: int,
+                      out: Optional[torch.Tensor] = None, scale: Optional[torch.Tensor] = None,
+                      shift: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Resize ``planes`` (``[c, h, w]``, any real dtype and strides, e.g. a uint8 HWC array's
+    permuted view) to ``(grid_h * patch, grid_w * patch)`` with antialiased bicubic and return float32
+    ``[grid_h, grid_w, c, patch, patch]`` (written into ``out`` when given): patches in raster order,
+    each ``(C, P, P)``, unclamped, times ``scale`` plus ``shift`` (float32 ``[c]`` each, optional: a
+    normalisation folded into the passes, which are linear). Equal to
+    ``interpolate(planes[None].float(), size, mode="bicubic", antialias=True)`` followed by a patch
+    split, to float rounding; an axis already at its size is not resampled (as in ATen).
+
+    Passes: vertical, one ``[P, win] @ [c, win, w]`` product per patch row on that row's input
+    window (converted to float32 and scaled there, so no full-size float copy is made); horizontal,
+    one ``[c*H, win] @ [win, bw]`` product per block of ``bw`` output columns (two patches when the
+    grid width is even); one permuting copy (plus ``shift``) into the patches."""
     c, h, w = planes.shape
     big_h, big_w = grid_h * patch, grid_w * patch
-    if big_w != w:          # horizontal pass: per patch column, [c*h, win] @ [win, P]
-        blocks, lo, win = _banded(w, big_w, patch)
-        flat = planes.reshape(c * h, w)
-        cols = torch.empty(grid_w, c * h, patch, dtype=torch.float32)
-        for k in range(grid_w):
-            window = flat[:, lo[k]:lo[k] + win]
-            torch.mm(window if window.dtype == torch.float32 else window.float(), blocks[k].t(), out=cols[k])
-        cols = cols.view(grid_w, c, h, patch)
-    else:
-        cols = planes.float().view(c, h, grid_w, patch).permute(2, 0, 1, 3)
-    out = torch.empty(grid_h, grid_w, c, patch, patch, dtype=torch.float32)
-    if big_h != h:          # vertical pass: per patch row, [P, win] @ [grid_w, c, win, P]
+    scale = torch.ones(c) if scale is None else scale
+    if out is None:
+        out = torch.empty(grid_h, grid_w, c, patch, patch, dtype=torch.float32)
+    if big_h == h and big_w == w:       # nothing to resample: one strided pass
+        src = planes.reshape(c, grid_h, patch, grid_w, patch).permute(1, 3, 0, 2, 4)
+        torch.mul(src, scale.view(1, 1, c, 1, 1), out=out)
+        return out if shift is None else out.add_(shift.view(1, 1, c, 1, 1))
+    rows = torch.empty(grid_h, c, patch, w, dtype=torch.float32)
+    if big_h != h:
         blocks, lo, win = _banded(h, big_h, patch)
+        window = torch.empty(c, win, w, dtype=torch.float32)
         for k in range(grid_h):
-            torch.matmul(blocks[k], cols[:, :, lo[k]:lo[k] + win, :], out=out[k])
+            torch.mul(planes[:, lo[k]:lo[k] + win], scale.view(c, 1, 1), out=window)
+            torch.matmul(blocks[k], window, out=rows[k])
     else:
-        out.copy_(cols.reshape(grid_w, c, grid_h, patch, patch).permute(2, 0, 1, 3, 4))
+        torch.mul(planes.reshape(c, grid_h, patch, w).transpose(0, 1), scale.view(1, c, 1, 1), out=rows)
+    bw = 2 * patch if grid_w % 2 == 0 else patch
+    nb = big_w // bw
+    target = out.view(grid_h, nb, bw // patch, c, patch, patch)
+    flat = rows.view(grid_h * c * patch, w)
+    if big_w != w:                      # [W/bw, gh * c * P, bw]
+        blocks, lo, win = _banded(w, big_w, bw)
+        cols = torch.empty(nb, grid_h * c * patch, bw, dtype=torch.float32)
+        for k in range(nb):
+            torch.mm(flat[:, lo[k]:lo[k] + win], blocks[k].t(), out=cols[k])
+    else:
+        cols = flat.view(grid_h * c * patch, nb, bw).transpose(0, 1)
+    # [W/bw, gh, c, py, bw/P, px] -> [gh, W/bw, bw/P, c, py, px] = [gh, gw, c, py, px]
+    patches = cols.reshape(nb, grid_h, c, patch, bw // patch, patch).permute(1, 0, 4, 2, 3, 5)
+    if shift is None:
+        target.copy_(patches)
+    else:
+        torch.add(patches, shift.view(1, 1, 1, c, 1, 1), out=target)
     return out

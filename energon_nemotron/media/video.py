@@ -37,7 +37,7 @@ from PIL import Image
 
 from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.media import video_sampling as sampling_rules
-from energon_nemotron.media.image import MEAN_PLANES, STD_PLANES
+from energon_nemotron.media.image import MEAN_PLANES, SCALE, SHIFT, STD_PLANES
 from energon_nemotron.media.resize import resize_to_patches
 from energon_nemotron.media.rotation import rotate_frame, rotated_size, video_rotation
 from energon_nemotron.media.video_decode import (VideoSource, check_pixels, frames_at_indices, frames_at_times,
@@ -299,15 +299,20 @@ def _decode(data: VideoSource, plan: VideoPlan, options: VideoOptions) -> list[n
     return frames
 
 
-def _frame_rows(frame: np.ndarray, plan: VideoPlan, p: int) -> torch.Tensor:
-    """float32 ``[grid_h, grid_w, 3, p, p]`` (0-255 scale) of one upright RGB uint8 frame."""
+def _frame_rows(frame: np.ndarray, plan: VideoPlan, p: int, dst: torch.Tensor) -> None:
+    """Write one upright RGB uint8 frame into ``dst`` (float32 ``[grid_h*grid_w, 3*p*p]``):
+    resized, normalised, raster patches ``(C, P, P)``."""
     gh, gw = plan.grid_h, plan.grid_w
-    if plan.resize == "pil":
-        if (frame.shape[1], frame.shape[0]) != (gw * p, gh * p):
-            frame = np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize((gw * p, gh * p),
-                                                                                   Image.Resampling.BICUBIC))
-        return torch.from_numpy(np.ascontiguousarray(frame)).view(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3).float()
-    return resize_to_patches(torch.from_numpy(frame).permute(2, 0, 1).contiguous(), gh, gw, p)
+    grid = dst.view(gh, gw, 3, p, p)
+    if plan.resize == "hf":
+        planes = torch.from_numpy(np.ascontiguousarray(frame.transpose(2, 0, 1)))
+        resize_to_patches(planes, gh, gw, p, out=grid, scale=SCALE, shift=SHIFT)
+        return
+    if (frame.shape[1], frame.shape[0]) != (gw * p, gh * p):
+        frame = np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize((gw * p, gh * p),
+                                                                               Image.Resampling.BICUBIC))
+    grid.copy_(torch.from_numpy(np.ascontiguousarray(frame)).view(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3))
+    dst.view(-1, 3, p * p).div_(255.0).sub_(MEAN_PLANES).div_(STD_PLANES)
 
 
 def process_video(data: VideoSource, plan: VideoPlan, options: VideoOptions = VideoOptions()) -> torch.Tensor:
@@ -328,8 +333,7 @@ def process_video(data: VideoSource, plan: VideoPlan, options: VideoOptions = Vi
         if id(frame) in done:                              # same source frame again: copy its rows
             dst.copy_(out[done[id(frame)] * per_frame:(done[id(frame)] + 1) * per_frame])
             continue
-        dst.view(plan.grid_h, plan.grid_w, 3, p, p).copy_(_frame_rows(frame, plan, p))
-        dst.view(-1, 3, p * p).div_(255.0).sub_(MEAN_PLANES).div_(STD_PLANES)
+        _frame_rows(frame, plan, p, dst)
         done[id(frame)] = f
     last = out[(plan.num_frames - 1) * per_frame:plan.num_frames * per_frame]
     for f in range(plan.num_frames, plan.num_tubelets * plan.temporal_patch):

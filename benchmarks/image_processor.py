@@ -1,0 +1,138 @@
+"""Images per second of the processor-exact image path against the official Nemotron Omni processor.
+
+Ours, per image: ``plan_image(*image_header_size(data))`` then ``process_image(data, plan)`` with the
+default ``resize: hf`` (header, EXIF, decode, RGB conversion, float32 antialiased bicubic, CLIP
+normalisation, patchify to ``float32 [patches, 768]``). Theirs, on the same bytes in the same run:
+``NemotronH_Omni_Reasoning_V3ImageProcessor()(images=[Image.open(...)], return_tensors="pt")``
+(transformers 5.24 in ``.venv-ref``; ``make references`` builds it), run by
+``_hf_image_worker.py`` in a subprocess that times one round whenever asked, so the two sides
+alternate round by round. Both one thread.
+
+Images: JPEG photos (``make_image``) of 640x480, 1024x768, 1920x1080 and 4032x3024 (a phone photo,
+downscaled to the 13312-patch budget), 200x150 (upscaled to the 1024-patch minimum), PNG screenshots
+(flat panels and text) of 1280x720 and 1988x1362 and a 512x512 RGBA PNG; ``--quick``: the first five.
+``ratio`` = our images/s ÷ the processor's (goal >= 2.0, higher is better); each side's time is the
+median over rounds of the round's total. Also per image ms and ``max_abs_diff`` of the two outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import _common as C
+
+GOAL = 2.0
+REF_PYTHON = C.BENCH_DIR.parent / ".venv-ref" / "bin" / "python"
+
+
+def screenshot(w: int, h: int, seed: int) -> bytes:
+    """A PNG of flat panels, rules and text (what UI screenshots and documents look like)."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    im = Image.new("RGB", (w, h), (246, 246, 248))
+    d = ImageDraw.Draw(im)
+    for _ in range(8):
+        x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
+        d.rectangle([x0, y0, x0 + int(rng.integers(40, w // 2)), y0 + int(rng.integers(20, h // 3))],
+                    fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    for row in range(0, h, 18):
+        d.text((8, row), "energon-nemotron processor parity benchmark 0123456789", fill=(20, 20, 20))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def corpus(quick: bool) -> list[tuple[str, bytes]]:
+    import numpy as np
+    from PIL import Image
+
+    from energon_nemotron.demo.media import make_image
+
+    items = [("a_photo_640x480", make_image(640, 480, seed=1)), ("b_photo_1024x768", make_image(1024, 768, seed=2)),
+             ("c_photo_1920x1080", make_image(1920, 1080, seed=3)), ("d_photo_200x150", make_image(200, 150, seed=4)),
+             ("e_screenshot_1280x720", screenshot(1280, 720, 5)), ("f_photo_4032x3024", make_image(4032, 3024, seed=6)),
+             ("g_screenshot_1988x1362", screenshot(1988, 1362, 7))]
+    rgba = np.dstack([np.asarray(Image.open(io.BytesIO(make_image(512, 512, seed=8)))),
+                      np.tile(np.arange(512, dtype=np.uint8)[None, :] // 2, (512, 1))])
+    buf = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buf, "PNG")
+    items.append(("h_rgba_512x512", buf.getvalue()))
+    return items[:5] if quick else items
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="five images, 3 rounds")
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3 quick, 7 full)")
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 7)
+    if not REF_PYTHON.exists():
+        print(f"the reference environment is missing ({REF_PYTHON}); run `make references`", file=sys.stderr)
+        return 1
+
+    C.limit_threads()
+    import numpy as np
+
+    from energon_nemotron.media.image import image_header_size, plan_image, process_image
+
+    images = corpus(args.quick)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for name, data in images:
+            (folder / f"{name}.img").write_bytes(data)
+        worker = subprocess.Popen([str(REF_PYTHON), str(C.BENCH_DIR / "_hf_image_worker.py"), str(folder)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env={**__import__("os").environ, "PYTHONWARNINGS": "ignore"})
+
+        def ask(cmd: str) -> str:
+            worker.stdin.write(cmd + "\n")
+            worker.stdin.flush()
+            return worker.stdout.readline()
+
+        assert worker.stdout.readline().strip() == "ready"
+
+        def ours(data):
+            return process_image(data, plan_image(*image_header_size(data)))
+
+        ask(f"save {folder}")
+        max_diff = max(float(np.abs(ours(data).numpy() - np.load(folder / f"{name}.npy")).max())
+                       for name, data in images)
+        per = {(name, side): [] for name, _ in images for side in ("ours", "hf")}
+        totals = {"ours": [], "hf": []}
+        for r in range(rounds):
+            for side in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
+                if side == "hf":
+                    seconds = json.loads(ask("round"))
+                else:
+                    seconds = [C.bench_timer(lambda: ours(data), 1)[0] for _, data in images]
+                for (name, _), t in zip(images, seconds):
+                    per[name, side].append(t)
+                totals[side].append(sum(seconds))
+        ask("quit")
+        worker.wait(timeout=60)
+
+    ours_s, hf_s = C.median(totals["ours"]), C.median(totals["hf"])
+    print(f"{len(images)} images, {rounds} rounds, one core; dynamic mode, float32 output")
+    print(f"{'image':<26}{'ours ms':>10}{'hf ms':>10}{'speed-up':>10}")
+    extra = {}
+    for name, _ in images:
+        o, h = C.median(per[name, "ours"]) * 1e3, C.median(per[name, "hf"]) * 1e3
+        print(f"{name:<26}{o:>10.2f}{h:>10.2f}{h / o:>10.2f}")
+        extra[f"ours_ms_{name}"], extra[f"hf_ms_{name}"] = round(o, 3), round(h, 3)
+    print(f"max |ours - processor| = {max_diff:.3g}")
+    C.emit({"name": "image_processor", "ratio": round(hf_s / ours_s, 4), "goal": GOAL, "better": "higher",
+            "ours_images_per_s": round(len(images) / ours_s, 2), "hf_images_per_s": round(len(images) / hf_s, 2),
+            **extra, "max_abs_diff": max_diff, "images": len(images), "rounds": rounds, "quick": bool(args.quick)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
