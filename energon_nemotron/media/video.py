@@ -309,8 +309,8 @@ def _frame_rows(frame: np.ndarray, plan: VideoPlan, p: int, dst: torch.Tensor) -
         resize_to_patches(planes, gh, gw, p, out=grid, scale=SCALE, shift=SHIFT)
         return
     if (frame.shape[1], frame.shape[0]) != (gw * p, gh * p):
-        frame = np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize((gw * p, gh * p),
-                                                                               Image.Resampling.BICUBIC))
+        frame = np.array(Image.fromarray(np.ascontiguousarray(frame)).resize((gw * p, gh * p),
+                                                                             Image.Resampling.BICUBIC))
     grid.copy_(torch.from_numpy(np.ascontiguousarray(frame)).view(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3))
     dst.view(-1, 3, p * p).div_(255.0).sub_(MEAN_PLANES).div_(STD_PLANES)
 
