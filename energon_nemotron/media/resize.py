@@ -91,54 +91,59 @@ def _banded(n_in: int, n_out: int, block: int) -> tuple[torch.Tensor, tuple[int,
     return torch.from_numpy(blocks.reshape(nb, block, win)), tuple(int(v) for v in lo), win
 
 
+#: bytes of float32 intermediate per strip of patch rows (reused within a call: fresh large
+#: buffers cost a page fault per 4 KiB on first touch, more than the arithmetic)
+STRIP_BYTES = 4 << 20
+
+
 def resize_to_patches(planes: torch.Tensor, grid_h: int, grid_w: int, patch: int,
                       out: Optional[torch.Tensor] = None, scale: Optional[torch.Tensor] = None,
                       shift: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Resize ``planes`` (``[c, h, w]``, any real dtype and strides, e.g. a uint8 HWC array's
-    permuted view) to ``(grid_h * patch, grid_w * patch)`` with antialiased bicubic and return float32
-    ``[grid_h, grid_w, c, patch, patch]`` (written into ``out`` when given): patches in raster order,
-    each ``(C, P, P)``, unclamped, times ``scale`` plus ``shift`` (float32 ``[c]`` each, optional: a
-    normalisation folded into the passes, which are linear). Equal to
-    ``interpolate(planes[None].float(), size, mode="bicubic", antialias=True)`` followed by a patch
-    split, to float rounding; an axis already at its size is not resampled (as in ATen).
+    """Resize ``planes`` (uint8 or float ``[c, h, w]``, rows contiguous) to ``(grid_h * patch,
+    grid_w * patch)`` with antialiased bicubic and return float32 ``[grid_h, grid_w, c, patch, patch]``
+    (written into ``out`` when given): patches in raster order, each ``(C, P, P)``, unclamped, times
+    ``scale`` plus ``shift`` (float32 ``[c]`` each, optional: a normalisation applied in the last
+    write). Equal to ``interpolate(planes[None].float(), size, mode="bicubic", antialias=True)``
+    followed by a patch split, to float rounding; an axis already at its size is not resampled.
 
-    Passes: vertical, one ``[P, win] @ [c, win, w]`` product per patch row on that row's input
-    window (converted to float32 and scaled there, so no full-size float copy is made); horizontal,
-    one ``[c*H, win] @ [win, bw]`` product per block of ``bw`` output columns (two patches when the
-    grid width is even); one permuting copy (plus ``shift``) into the patches."""
+    Work goes strip by strip (a few patch rows, :data:`STRIP_BYTES` of intermediate): vertical, one
+    ``[P, win] @ [c, win, w]`` product per patch row on its input window (converted to float32
+    there, so no full-size float copy exists); horizontal, one ``[rows, win] @ [win, bw]`` product
+    per block of ``bw`` output columns (two patches when the grid width is even); then one
+    permuting write (times ``scale``, plus ``shift``) of the strip's patches."""
     c, h, w = planes.shape
     big_h, big_w = grid_h * patch, grid_w * patch
-    scale = torch.ones(c) if scale is None else scale
     if out is None:
         out = torch.empty(grid_h, grid_w, c, patch, patch, dtype=torch.float32)
-    if big_h == h and big_w == w:       # nothing to resample: one strided pass
-        src = planes.reshape(c, grid_h, patch, grid_w, patch).permute(1, 3, 0, 2, 4)
-        torch.mul(src, scale.view(1, 1, c, 1, 1), out=out)
-        return out if shift is None else out.add_(shift.view(1, 1, c, 1, 1))
-    rows = torch.empty(grid_h, c, patch, w, dtype=torch.float32)
-    if big_h != h:
-        blocks, lo, win = _banded(h, big_h, patch)
-        window = torch.empty(c, win, w, dtype=torch.float32)
-        for k in range(grid_h):
-            torch.mul(planes[:, lo[k]:lo[k] + win], scale.view(c, 1, 1), out=window)
-            torch.matmul(blocks[k], window, out=rows[k])
-    else:
-        torch.mul(planes.reshape(c, grid_h, patch, w).transpose(0, 1), scale.view(1, c, 1, 1), out=rows)
+    scale = torch.ones(c) if scale is None else scale
+    shift = torch.zeros(c) if shift is None else shift
     bw = 2 * patch if grid_w % 2 == 0 else patch
-    nb = big_w // bw
-    target = out.view(grid_h, nb, bw // patch, c, patch, patch)
-    flat = rows.view(grid_h * c * patch, w)
-    if big_w != w:                      # [W/bw, gh * c * P, bw]
-        blocks, lo, win = _banded(w, big_w, bw)
-        cols = torch.empty(nb, grid_h * c * patch, bw, dtype=torch.float32)
-        for k in range(nb):
-            torch.mm(flat[:, lo[k]:lo[k] + win], blocks[k].t(), out=cols[k])
-    else:
-        cols = flat.view(grid_h * c * patch, nb, bw).transpose(0, 1)
-    # [W/bw, gh, c, py, bw/P, px] -> [gh, W/bw, bw/P, c, py, px] = [gh, gw, c, py, px]
-    patches = cols.reshape(nb, grid_h, c, patch, bw // patch, patch).permute(1, 0, 4, 2, 3, 5)
-    if shift is None:
-        target.copy_(patches)
-    else:
-        torch.add(patches, shift.view(1, 1, 1, c, 1, 1), out=target)
+    nb, per = big_w // bw, bw // patch
+    strip = max(1, min(grid_h, STRIP_BYTES // (4 * c * patch * max(w, big_w))))
+    vertical = _banded(h, big_h, patch) if big_h != h else None
+    horizontal = _banded(w, big_w, bw) if big_w != w else None
+    rows = torch.empty(strip, c, patch, w, dtype=torch.float32)
+    window = torch.empty(c, vertical[2], w, dtype=torch.float32) if vertical else None
+    cols = torch.empty(nb, strip * c * patch, bw, dtype=torch.float32) if horizontal else None
+    for top in range(0, grid_h, strip):
+        n = min(strip, grid_h - top)
+        if vertical:                        # rows[:n] = [n, c, P, w]
+            blocks, lo, win = vertical
+            for k in range(n):
+                window.copy_(planes[:, lo[top + k]:lo[top + k] + win])
+                torch.matmul(blocks[top + k], window, out=rows[k])
+        else:
+            rows[:n].copy_(planes[:, top * patch:(top + n) * patch].reshape(c, n, patch, w).transpose(0, 1))
+        flat = rows[:n].view(n * c * patch, w)
+        if horizontal:                      # cols = [W/bw, n * c * P, bw]
+            blocks, lo, win = horizontal
+            part = cols[:, :n * c * patch]
+            for k in range(nb):
+                torch.mm(flat[:, lo[k]:lo[k] + win], blocks[k].t(), out=part[k])
+        else:
+            part = flat.view(n * c * patch, nb, bw).transpose(0, 1)
+        # [W/bw, n, c, py, bw/P, px] -> [n, W/bw, bw/P, c, py, px] = [n, gw, c, py, px]
+        patches = part.reshape(nb, n, c, patch, per, patch).permute(1, 0, 4, 2, 3, 5)
+        target = out[top:top + n].view(n, nb, per, c, patch, patch)
+        torch.addcmul(shift.view(1, 1, 1, c, 1, 1), patches, scale.view(1, 1, 1, c, 1, 1), out=target)
     return out
