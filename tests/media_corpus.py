@@ -1,8 +1,8 @@
 """The generated media corpus that the project and the official Nemotron Omni processor both read.
 
-``build_corpus(folder)`` writes images of every kind the processor-parity tests cover (JPEG photos
-and grayscale, CMYK JPEG, EXIF-oriented JPEGs, 8-bit / 16-bit / palette / LA / RGBA PNGs, WebP,
-GIF), videos of several frame rates, sizes and rotations, and WAV clips of many lengths, plus
+``build_corpus(folder)`` writes 40 images of every kind the processor-parity tests cover (JPEG
+photos and grayscale, CMYK JPEG, EXIF-oriented JPEGs, 8-bit / 16-bit / palette / LA / RGBA PNGs,
+WebP, GIF; fixed and random sizes), videos of several frame rates, sizes and rotations, and WAV clips of many lengths, plus
 ``manifest.json``: one entry per item with its file and how the reference must be fed
 (``tests/references/hf_omni_processor.py`` reads it in the ``.venv-ref`` environment).
 
@@ -76,52 +76,71 @@ def _with_orientation(im: Image.Image, orientation: int) -> bytes:
     return _encode(im, "JPEG", quality=90, exif=exif.tobytes())
 
 
-def image_items(rng: np.random.Generator) -> list[tuple[str, str, bytes, str]]:
-    """``(name, kind, encoded bytes, reference_input)``: ``reference_input`` is ``exif_transpose``
-    for every image (what HF's loaders do) or ``scale16`` for 16-bit data (the reference is fed
-    the image scaled to 8 bits, since its own conversion clips it)."""
-    sizes = [(720, 477), (200, 150), (1229, 881), (64, 1500), (1800, 300), (512, 512), (33, 17), (640, 360)]
-    out = []
+def _kind_makers() -> dict:
+    """kind -> ``make(rng, w, h, i) -> (encoded bytes, reference_input)``."""
 
-    def add(name, kind, data, ref="exif_transpose"):
-        out.append((name, kind, data, ref))
-
-    for i, (w, h) in enumerate(sizes):
-        add(f"jpeg_photo_{i}", "jpeg", _encode(Image.fromarray(photo(rng, w, h)), "JPEG", quality=int(rng.integers(70, 96))))
-    for i, (w, h) in enumerate(sizes[:4]):
-        add(f"jpeg_gray_{i}", "jpeg_gray", _encode(Image.fromarray(photo(rng, w, h)[..., 1]), "JPEG", quality=85))
-        cmyk = Image.fromarray(photo(rng, w, h)).convert("CMYK")
-        add(f"jpeg_cmyk_{i}", "jpeg_cmyk", _encode(cmyk, "JPEG", quality=90))
-    for orientation in range(2, 9):
-        w, h = sizes[orientation % len(sizes)]
-        add(f"jpeg_exif_{orientation}", "jpeg_exif", _with_orientation(Image.fromarray(photo(rng, w, h)), orientation))
-    for i, (w, h) in enumerate([(1988, 1362), (1629, 927), (700, 400), (300, 900)]):
-        add(f"png_rgb_{i}", "png", _encode(Image.fromarray(screenshot(rng, w, h)), "PNG"))
-    for i, (w, h) in enumerate([(640, 480), (123, 321), (1024, 700), (96, 96)]):
-        y, x = np.mgrid[0:h, 0:w]
-        gray = ((x * 65535 // max(w - 1, 1) + y * 97) % 65536).astype(np.uint16)
-        add(f"png16_gray_{i}", "png16", _png16(gray), "scale16")
-    for i, (w, h) in enumerate([(306, 275), (800, 600), (150, 60), (1000, 1000)]):
+    def rgba_of(rng, w, h):
         rgba = np.dstack([screenshot(rng, w, h), np.zeros((h, w), np.uint8)])
         yy, xx = np.mgrid[0:h, 0:w]
         rgba[..., 3] = np.where((xx - w / 2) ** 2 + (yy - h / 2) ** 2 < (min(w, h) / 2.5) ** 2, 255,
                                 np.where(xx < w // 5, 128, 0))
-        add(f"png_rgba_{i}", "png_rgba", _encode(Image.fromarray(rgba, "RGBA"), "PNG"))
-        la = Image.fromarray(rgba[..., [1, 3]], "LA")
-        add(f"png_la_{i}", "png_la", _encode(la, "PNG"))
-    for i, (w, h) in enumerate([(500, 300), (77, 211), (640, 640), (1300, 400)]):
-        pal = Image.fromarray(screenshot(rng, w, h)).quantize(64)
-        add(f"png_palette_{i}", "png_palette", _encode(pal, "PNG"))
-        add(f"png_palette_trns_{i}", "png_palette_trns", _encode(pal, "PNG", transparency=int(i * 7)))
-    for i, (w, h) in enumerate([(720, 477), (333, 555), (1200, 800), (48, 48)]):
-        add(f"webp_lossy_{i}", "webp", _encode(Image.fromarray(photo(rng, w, h)), "WEBP", quality=80))
-        rgba = np.dstack([photo(rng, w, h), rng.integers(0, 256, (h, w), dtype=np.uint8)])
-        add(f"webp_rgba_{i}", "webp_rgba", _encode(Image.fromarray(rgba, "RGBA"), "WEBP", lossless=True))
-    for i, (w, h) in enumerate([(320, 240), (97, 61), (600, 450), (256, 512)]):
+        return rgba
+
+    def gray16(rng, w, h, i):
+        y, x = np.mgrid[0:h, 0:w]
+        return _png16(((x * 65535 // max(w - 1, 1) + y * (97 + i)) % 65536).astype(np.uint16)), "scale16"
+
+    def gif(rng, w, h, i):
         frames = [Image.fromarray(screenshot(rng, w, h)).quantize(32) for _ in range(3)]
-        data = _encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=80, loop=0,
-                       **({"transparency": 3} if i % 2 else {}))
-        add(f"gif_{i}", "gif", data)
+        return _encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=80, loop=0,
+                       **({"transparency": 3} if i % 2 else {})), "exif_transpose"
+
+    def plain(fn):
+        return lambda rng, w, h, i: (fn(rng, w, h, i), "exif_transpose")
+
+    return {
+        "jpeg": plain(lambda rng, w, h, i: _encode(Image.fromarray(photo(rng, w, h)), "JPEG",
+                                                   quality=int(rng.integers(60, 97)))),
+        "jpeg_gray": plain(lambda rng, w, h, i: _encode(Image.fromarray(photo(rng, w, h)[..., 1]), "JPEG", quality=85)),
+        "jpeg_cmyk": plain(lambda rng, w, h, i: _encode(Image.fromarray(photo(rng, w, h)).convert("CMYK"), "JPEG",
+                                                        quality=90)),
+        "jpeg_exif": plain(lambda rng, w, h, i: _with_orientation(Image.fromarray(photo(rng, w, h)), 2 + i % 7)),
+        "png": plain(lambda rng, w, h, i: _encode(Image.fromarray(screenshot(rng, w, h)), "PNG")),
+        "png16": gray16,
+        "png_rgba": plain(lambda rng, w, h, i: _encode(Image.fromarray(rgba_of(rng, w, h), "RGBA"), "PNG")),
+        "png_la": plain(lambda rng, w, h, i: _encode(Image.fromarray(rgba_of(rng, w, h)[..., [1, 3]], "LA"), "PNG")),
+        "png_palette": plain(lambda rng, w, h, i: _encode(Image.fromarray(screenshot(rng, w, h)).quantize(64), "PNG")),
+        "png_palette_trns": plain(lambda rng, w, h, i: _encode(Image.fromarray(screenshot(rng, w, h)).quantize(64),
+                                                               "PNG", transparency=int(i * 7 % 64))),
+        "webp": plain(lambda rng, w, h, i: _encode(Image.fromarray(photo(rng, w, h)), "WEBP", quality=80)),
+        "webp_rgba": plain(lambda rng, w, h, i: _encode(Image.fromarray(np.dstack(
+            [photo(rng, w, h), rng.integers(0, 256, (h, w), dtype=np.uint8)]), "RGBA"), "WEBP", lossless=True)),
+        "gif": gif,
+    }
+
+
+#: sizes every kind starts with (photos, screenshots, tiny, extreme aspect ratios, exact patch multiples)
+FIXED_SIZES = [(720, 477), (1988, 1362), (200, 150), (64, 1500), (1800, 300), (512, 512), (33, 17), (640, 360)]
+IMAGES_PER_KIND = 40
+FULL_INDICES = (0, 2, 5)  # images of a kind whose whole pixel_values are compared; the rest by sampled rows
+
+
+def image_sizes(rng: np.random.Generator) -> list[tuple[int, int]]:
+    """``IMAGES_PER_KIND`` sizes: the fixed ones, then log-uniform sides 16-1400 px."""
+    extra = [(int(np.exp(rng.uniform(np.log(16), np.log(1400)))), int(np.exp(rng.uniform(np.log(16), np.log(1400)))))
+             for _ in range(IMAGES_PER_KIND - len(FIXED_SIZES))]
+    return FIXED_SIZES + extra
+
+
+def image_items(rng: np.random.Generator) -> list[tuple[str, str, bytes, str]]:
+    """``(name, kind, encoded bytes, reference_input)``, ``IMAGES_PER_KIND`` of every kind:
+    ``reference_input`` is ``exif_transpose`` (what HF's loaders do) or ``scale16`` for 16-bit data
+    (the reference is fed the image scaled to 8 bits, since its own conversion clips it)."""
+    out = []
+    for kind, make in _kind_makers().items():
+        for i, (w, h) in enumerate(image_sizes(rng)):
+            data, ref = make(rng, w, h, i)
+            out.append((f"{kind}_{i:02d}", kind, data, ref))
     return out
 
 
@@ -178,7 +197,8 @@ def build_corpus(folder: Path, kinds=("images", "videos", "audio"), seed: int = 
                "jpeg_exif": "jpg", "jpeg": "jpg"}.get(kind, kind)
         path = folder / "images" / f"{name}.{ext}"
         path.write_bytes(data)
-        manifest["images"].append({"name": name, "kind": kind, "file": f"images/{path.name}", "reference_input": ref})
+        manifest["images"].append({"name": name, "kind": kind, "file": f"images/{path.name}", "reference_input": ref,
+                                   "full": int(name.rsplit("_", 1)[1]) in FULL_INDICES})
     for name, w, h, fps, frames, rotation, kwargs, target in VIDEOS if "videos" in kinds else ():
         path = folder / "videos" / f"{name}.mp4"
         make_indexed_video(path, w, h, fps, frames)

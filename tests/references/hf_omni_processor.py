@@ -7,8 +7,9 @@ never imports the project, and writes what the processor produced::
 
     python tests/references/hf_omni_processor.py CORPUS OUT --tokenizer TOKENIZER_DIR
 
-``OUT/results.json`` holds versions, image grids, video frame indices / fps / prompt text / ids and
-audio token counts / mask sums; ``OUT/images/NAME.npy`` the image ``pixel_values`` ``[P, 768]``,
+``OUT/results.json`` holds versions, image grids / patch counts / float64 sums, video frame indices /
+fps / prompt text / ids and audio token counts / mask sums; ``OUT/images/NAME.npy`` the image
+``pixel_values`` ``[P, 768]`` (for items not marked ``full``: only the rows listed in ``rows``),
 ``OUT/videos/NAME.npy`` the video ``pixel_values_videos[0]`` ``[tubelets, 6, H, W]`` and
 ``OUT/audio/NAME.npy`` the ``input_features[0]`` ``[1 + L // 160, 128]`` (float32 each).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import wave
+import zlib
 from functools import partial
 from pathlib import Path
 
@@ -60,14 +62,30 @@ def reference_image(path: Path, how: str) -> Image.Image:
     return ImageOps.exif_transpose(im)
 
 
+SAMPLED_ROWS = 48
+
+
+def sampled_rows(name: str, n: int) -> list[int]:
+    """Patch rows kept for a large-corpus item: the first, the last and ``SAMPLED_ROWS`` seeded ones."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    picked = set(rng.choice(n, size=min(n, SAMPLED_ROWS), replace=False).tolist()) | {0, n - 1}
+    return sorted(int(i) for i in picked)
+
+
 def run_images(items: list, corpus: Path, out: Path, proc) -> dict:
     results = {}
     (out / "images").mkdir(parents=True, exist_ok=True)
     for item in items:
         feats = proc.image_processor(images=[reference_image(corpus / item["file"], item["reference_input"])],
                                      return_tensors="pt")
-        np.save(out / "images" / f"{item['name']}.npy", feats["pixel_values"].numpy().astype(np.float32))
-        results[item["name"]] = {"grid": feats["image_grid_hw"][0].tolist()}
+        pixels = feats["pixel_values"].numpy().astype(np.float32)
+        entry = {"grid": feats["image_grid_hw"][0].tolist(), "num_patches": int(pixels.shape[0]),
+                 "sum": float(pixels.astype(np.float64).sum())}
+        if not item.get("full", True):
+            entry["rows"] = sampled_rows(item["name"], pixels.shape[0])
+            pixels = pixels[entry["rows"]]
+        np.save(out / "images" / f"{item['name']}.npy", pixels)
+        results[item["name"]] = entry
     return results
 
 
