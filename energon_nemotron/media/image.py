@@ -47,7 +47,7 @@ from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.media.resize import resize_to_patches
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "ImageOptions", "ImagePlan", "image_header_size", "plan_image",
-           "process_image", "patchify", "to_rgb"]
+           "process_image", "patch_grid", "patchify", "to_rgb"]
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -267,9 +267,9 @@ def _decode_rgb(im: Image.Image, orientation: int) -> Image.Image:
     return rgb.transpose(_TRANSPOSE[orientation]) if orientation != 1 else rgb
 
 
-def _planes(rgb: Image.Image) -> torch.Tensor:
-    """uint8 ``[3, H, W]`` (contiguous planes) of an RGB image: one de-interleaving copy of PIL's
-    pixel bytes (``np.asarray`` only wraps them)."""
+def _planes(rgb) -> torch.Tensor:
+    """uint8 ``[3, H, W]`` (contiguous planes) of an RGB PIL image or uint8 ``[H, W, 3]`` array: one
+    de-interleaving copy (``np.asarray`` only wraps a PIL image's pixel bytes)."""
     return torch.from_numpy(np.ascontiguousarray(np.asarray(rgb).transpose(2, 0, 1)))
 
 
@@ -285,16 +285,19 @@ def _pil_patches(im: Image.Image, grid_h: int, grid_w: int, p: int, out: torch.T
     return out
 
 
-def _patch_grid(rgb: Image.Image, planes, grid_h: int, grid_w: int, plan: ImagePlan,
-                out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``[grid_h, grid_w, 3, P, P]`` normalised pixels of the image resized to the grid, written into
-    ``out`` (float32, that shape) when given."""
-    p = plan.patch_size
+def patch_grid(rgb, grid_h: int, grid_w: int, patch: int, resize: str = "hf",
+               out: Optional[torch.Tensor] = None, planes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``float32 [grid_h, grid_w, 3, patch, patch]``: ``rgb`` (an RGB PIL image or a uint8
+    ``[H, W, 3]`` array, e.g. a video frame) resized to the grid with the ``resize`` kernel (``hf``
+    or ``pil``), CLIP-normalised, patches in raster order, each ``(C, P, P)``; written into ``out``
+    when given. ``planes``: ``rgb`` already as uint8 ``[3, H, W]`` (reused across calls)."""
     if out is None:
-        out = torch.empty(grid_h, grid_w, 3, p, p, dtype=torch.float32)
-    if plan.resize == "pil":
-        return _pil_patches(rgb, grid_h, grid_w, p, out)
-    return resize_to_patches(planes, grid_h, grid_w, p, out=out, scale=SCALE, shift=SHIFT)
+        out = torch.empty(grid_h, grid_w, 3, patch, patch, dtype=torch.float32)
+    if resize == "pil":
+        im = rgb if isinstance(rgb, Image.Image) else Image.fromarray(np.ascontiguousarray(rgb))
+        return _pil_patches(im, grid_h, grid_w, patch, out)
+    planes = _planes(rgb) if planes is None else planes
+    return resize_to_patches(planes, grid_h, grid_w, patch, out=out, scale=SCALE, shift=SHIFT)
 
 
 def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> torch.Tensor:
@@ -322,13 +325,13 @@ def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> to
         out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
         units = out.view(plan.num_units, gh, gw, 3, p, p)
         if tiles == 1:
-            _patch_grid(rgb, planes, gh, gw, plan, out=units[0])
+            patch_grid(rgb, gh, gw, p, plan.resize, out=units[0], planes=planes)
         else:
-            whole = _patch_grid(rgb, planes, plan.tiles_h * gh, plan.tiles_w * gw, plan)
+            whole = patch_grid(rgb, plan.tiles_h * gh, plan.tiles_w * gw, p, plan.resize, planes=planes)
             units[:tiles].view(plan.tiles_h, plan.tiles_w, gh, gw, 3, p, p).copy_(
                 whole.reshape(plan.tiles_h, gh, plan.tiles_w, gw, 3, p, p).transpose(1, 2))
         if plan.has_thumbnail:
-            _patch_grid(rgb, planes, gh, gw, plan, out=units[tiles])
+            patch_grid(rgb, gh, gw, p, plan.resize, out=units[tiles], planes=planes)
     finally:
         if owned:
             im.close()

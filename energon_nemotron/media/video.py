@@ -33,12 +33,10 @@ from typing import Literal, Optional
 
 import numpy as np
 import torch
-from PIL import Image
 
 from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.media import video_sampling as sampling_rules
-from energon_nemotron.media.image import MEAN_PLANES, SCALE, SHIFT, STD_PLANES
-from energon_nemotron.media.resize import resize_to_patches
+from energon_nemotron.media.image import patch_grid
 from energon_nemotron.media.rotation import rotate_frame, rotated_size, video_rotation
 from energon_nemotron.media.video_decode import (VideoSource, check_pixels, frames_at_indices, frames_at_times,
                                                  open_bytes)
@@ -299,22 +297,6 @@ def _decode(data: VideoSource, plan: VideoPlan, options: VideoOptions) -> list[n
     return frames
 
 
-def _frame_rows(frame: np.ndarray, plan: VideoPlan, p: int, dst: torch.Tensor) -> None:
-    """Write one upright RGB uint8 frame into ``dst`` (float32 ``[grid_h*grid_w, 3*p*p]``):
-    resized, normalised, raster patches ``(C, P, P)``."""
-    gh, gw = plan.grid_h, plan.grid_w
-    grid = dst.view(gh, gw, 3, p, p)
-    if plan.resize == "hf":
-        planes = torch.from_numpy(np.ascontiguousarray(frame.transpose(2, 0, 1)))
-        resize_to_patches(planes, gh, gw, p, out=grid, scale=SCALE, shift=SHIFT)
-        return
-    if (frame.shape[1], frame.shape[0]) != (gw * p, gh * p):
-        frame = np.array(Image.fromarray(np.ascontiguousarray(frame)).resize((gw * p, gh * p),
-                                                                             Image.Resampling.BICUBIC))
-    grid.copy_(torch.from_numpy(np.ascontiguousarray(frame)).view(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3))
-    dst.view(-1, 3, p * p).div_(255.0).sub_(MEAN_PLANES).div_(STD_PLANES)
-
-
 def process_video(data: VideoSource, plan: VideoPlan, options: VideoOptions = VideoOptions()) -> torch.Tensor:
     """Decode the planned frames and return ``float32 [plan.num_patches, 3*P*P]`` (P = patch size).
 
@@ -333,7 +315,7 @@ def process_video(data: VideoSource, plan: VideoPlan, options: VideoOptions = Vi
         if id(frame) in done:                              # same source frame again: copy its rows
             dst.copy_(out[done[id(frame)] * per_frame:(done[id(frame)] + 1) * per_frame])
             continue
-        _frame_rows(frame, plan, p, dst)
+        patch_grid(frame, plan.grid_h, plan.grid_w, p, plan.resize, out=dst.view(plan.grid_h, plan.grid_w, 3, p, p))
         done[id(frame)] = f
     last = out[(plan.num_frames - 1) * per_frame:plan.num_frames * per_frame]
     for f in range(plan.num_frames, plan.num_tubelets * plan.temporal_patch):
