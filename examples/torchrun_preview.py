@@ -57,9 +57,10 @@ def main() -> int:
         batch = broadcast_packed_batch(batch, src=src, group=tp_group)
         local = slice_for_cp_rank(batch, None, cp, cp_rank) if cp > 1 else batch
         index = partition_indices(batch.cu_seqlens_padded[0], cp, cp_rank)
-        # short lines (< 4 KiB) so that the ranks' lines never interleave on a shared pipe
+        # one write() of a short line (< 4 KiB, PIPE_BUF) so that the ranks' lines never interleave on a
+        # shared pipe, even unbuffered (PYTHONUNBUFFERED makes print() write the text and its newline apart)
         keys = [k for row in batch.sample_keys for k in row]
-        print(json.dumps({
+        line = json.dumps({
             "rank": rank, "dp_rank": dp_rank, "cp_rank": cp_rank, "tp_rank": tp_rank, "step": step,
             "samples": len(keys), "first_key": keys[0] if keys else None,
             "keys_checksum": zlib.crc32("\0".join(keys).encode()),
@@ -68,7 +69,8 @@ def main() -> int:
             "global_tokens": batch.seq_length, "local_tokens": local.seq_length,
             "local_index_head": index[:4].tolist(), "local_tokens_checksum": int(local.tokens.sum()),
             "trained_labels_local": int(local.loss_mask.sum()),
-        }), flush=True)
+        })
+        os.write(sys.stdout.fileno(), (line + "\n").encode())
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -165,7 +165,7 @@ def test_torchrun_example(ds, tp, cp):
                           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
                           str(REPO / "examples" / "torchrun_preview.py"), str(c), "--tp", str(tp), "--cp", str(cp)],
                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
-                                                                            "OMP_NUM_THREADS": "1"})
+                                                                            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     lines = sorted((json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")), key=lambda d: d["rank"])
     assert [d["rank"] for d in lines] == [0, 1]
