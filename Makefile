@@ -5,11 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # Reference code the tests compare against, never imported by the library: the transformers
 # processors in their own environment (they need torchvision, which cannot sit beside the CPU torch
-# of .venv), and Megatron-Bridge's wheel unpacked into a cache (code only, nothing installed).
+# of .venv), and the wheels of Megatron-Bridge and of the megatron-core it needs unpacked into a
+# cache (code only, nothing installed; the tests import them in subprocesses).
 REF_VENV ?= .venv-ref
 REF_STAMP := $(REF_VENV)/.installed-stamp
 REF_CACHE ?= .cache/references
 BRIDGE_STAMP := $(REF_CACHE)/megatron_bridge-0.6.2/.fetched
+MCORE_STAMP := $(REF_CACHE)/megatron_core-0.19.2/.fetched
+FETCH_WHEEL := PYTHON=$(BIN)/python bash tests/references/fetch_wheel.sh $(REF_CACHE)
 
 .PHONY: install references demo test test-fast test-slow bench bench-quick clean
 
@@ -21,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-references: $(REF_STAMP) $(BRIDGE_STAMP)
+references: $(REF_STAMP) $(BRIDGE_STAMP) $(MCORE_STAMP)
 
 $(REF_STAMP):
 	@test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
@@ -29,7 +32,14 @@ $(REF_STAMP):
 	@touch $(REF_STAMP)
 
 $(BRIDGE_STAMP): | $(STAMP)
-	PYTHON=$(BIN)/python bash tests/references/fetch_bridge.sh $(REF_CACHE)
+	$(FETCH_WHEEL) megatron-bridge 0.6.2 megatron_bridge-0.6.2-py3-none-any.whl \
+	    bcb7274ab9327167c345aa24b96b95790ce5090df1945d883bdc41065d5649e2 \
+	    megatron/bridge/models/nemotron_vl/nemotron_vl_utils.py
+
+$(MCORE_STAMP): | $(STAMP)
+	$(FETCH_WHEEL) megatron-core 0.19.2 megatron_core-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl \
+	    8e3e486f13f559450415b9b9dc0ff3331a0bb83dd154553f7f350a75ff9c42b5 \
+	    megatron/core/models/multimodal/llava_model.py
 
 demo: install
 	$(BIN)/energon-nemotron demo

@@ -1,6 +1,6 @@
 """Megatron-Bridge 0.6.2's own code, imported module by module from the reference cache.
 
-``tests/references/fetch_bridge.sh`` (``make references``) unpacks the PyPI wheel into
+``tests/references/fetch_wheel.sh`` (``make references``) unpacks the PyPI wheel into
 ``.cache/references/megatron_bridge-0.6.2/`` (or ``$ENERGON_NEMOTRON_REFERENCES``/...); nothing
 is installed into the virtualenv. Bridge's package ``__init__``s import every model and its heavy
 dependencies, so they are never run: ``import_bridge_module`` puts a meta-path finder in front
@@ -44,7 +44,7 @@ def bridge_root() -> Path:
     if not (root / ".fetched").is_file() or not (root / "megatron" / "bridge").is_dir():
         raise RuntimeError(
             f"Megatron-Bridge {BRIDGE_VERSION} reference code is missing from {root}; "
-            "run `make references` (tests/references/fetch_bridge.sh) to fetch it")
+            "run `make references` (tests/references/fetch_wheel.sh) to fetch it")
     return root
 
 
