@@ -143,7 +143,8 @@ class PackedBatch:
     #: per-reason counts of samples skipped since the previous batch of the same worker
     skipped: dict[str, int] = field(default_factory=dict)
     #: per row, one dict per media item in placeholder order: kind, sample_key, token_start (first
-    #: placeholder id), num_tokens (embedding tokens), and grid / frames / clips
+    #: placeholder id), num_tokens (embedding tokens), placeholder_len, runs ([offset from
+    #: token_start, length] of each run of embedding placeholders), and grid / frames / clips
     media_spans: list[list[dict]] = field(default_factory=list)
     #: multi-token-prediction layers of the model (0: none); ``mtp_targets`` accepts depths up to it
     mtp_num_layers: int = 0
@@ -254,15 +255,32 @@ class PackedBatch:
             max_seqlen=list(self.max_seqlen), sample_keys=[list(k) for k in self.sample_keys],
             is_padding=list(self.is_padding), skipped=dict(self.skipped))
 
-    def packed_seq_params(self, i: int = 0, **kwargs: Any):
+    def packed_seq_params(self, i: int = 0, exact_lengths: bool = False, **kwargs: Any):
         """megatron-core ``PackedSeqParams`` (``qkv_format="thd"``) for row ``i``.
 
-        ``cu_seqlens_q_padded`` is only set where it differs from ``cu_seqlens`` (as megatron-core
-        expects for data with padding between sequences). Needs the ``megatron`` extra.
+        Default (safe for multi-token prediction and context parallelism): ``cu_seqlens_q`` =
+        ``cu_seqlens_q_padded`` = the padded boundaries. megatron-core's MTP roll
+        (``roll_tensor`` over ``packed_seq_params``) reads ``cu_seqlens_q`` as physical offsets, and
+        with CP divides them by the CP size, so real lengths there would roll trained targets onto
+        pads and across segments. Causal attention over a segment's trailing pads leaves its real
+        tokens unchanged (Megatron-LM's SFT path keeps its pads inside the segments the same way).
+        ``exact_lengths=True``: ``cu_seqlens_q`` = the real lengths and ``cu_seqlens_q_padded`` the
+        padded ones where they differ (attention skips the pads; only for models without MTP).
+        ``total_tokens`` (the row width; megatron-core derives the Mamba layers' ``seq_idx`` from
+        it) is set when the installed megatron-core's ``PackedSeqParams`` has the field.
+        Needs the ``megatron`` extra.
         """
+        import dataclasses
+
+        from megatron.core.packed_seq_params import PackedSeqParams
+
         from energon_nemotron.parallel.packed_seq_params import to_packed_seq_params
 
         padded = self.cu_seqlens_padded[i]
         same = torch.equal(padded, self.cu_seqlens[i])
+        if "total_tokens" in {f.name for f in dataclasses.fields(PackedSeqParams)}:
+            kwargs.setdefault("total_tokens", self.seq_length)
+        if not exact_lengths:
+            return to_packed_seq_params(padded, self.max_seqlen[i], cu_seqlens_padded=padded, **kwargs)
         return to_packed_seq_params(self.cu_seqlens[i], self.max_seqlen[i],
                                     cu_seqlens_padded=None if same else padded, **kwargs)

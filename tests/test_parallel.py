@@ -92,5 +92,7 @@ def test_packed_seq_params_fields():
                         cu_seqlens_padded=[torch.tensor([0, 4, 12], dtype=torch.int32)],
                         max_seqlen=[8], sample_keys=[["a", "b"]])
     batch.validate()
-    q = batch.packed_seq_params(0)
-    assert q.cu_seqlens_q.tolist() == [0, 3, 10] and q.cu_seqlens_q_padded.tolist() == [0, 4, 12]
+    q = batch.packed_seq_params(0)       # MTP/CP-safe: the padded boundaries everywhere
+    assert q.cu_seqlens_q.tolist() == q.cu_seqlens_q_padded.tolist() == [0, 4, 12]
+    exact = batch.packed_seq_params(0, exact_lengths=True)
+    assert exact.cu_seqlens_q.tolist() == [0, 3, 10] and exact.cu_seqlens_q_padded.tolist() == [0, 4, 12]
