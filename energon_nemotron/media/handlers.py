@@ -40,7 +40,9 @@ class PlannedMedia:
     """One media item after phase 1: its plan and the token ids of its placeholder.
 
     ``token_start`` (position of the placeholder's first id inside its source) and ``source`` are
-    filled in by tokenization; ``embedding_positions`` are the placeholder ids the model replaces.
+    filled in by tokenization. ``runs``: ``(offset, length)`` inside ``placeholder`` of each run of
+    ids the model replaces with embeddings (``<image>`` per image, tile set or tubelet;
+    ``<so_embedding>`` per audio), in order.
     """
 
     index: int
@@ -50,12 +52,14 @@ class PlannedMedia:
     num_tokens: int
     source: int = 0
     token_start: int = 0
+    runs: list = field(default_factory=list)
 
     def describe(self) -> dict:
-        """The preview's view: kind, and grid / frames / clips."""
+        """The preview's view: kind, tokens, the embedding runs (offsets from ``token_start``), and
+        grid / frames / clips."""
         p = self.plan
         out: dict[str, Any] = {"kind": self.modality, "num_tokens": self.num_tokens,
-                               "placeholder_len": len(self.placeholder)}
+                               "placeholder_len": len(self.placeholder), "runs": [list(r) for r in self.runs]}
         if self.modality == "image":
             out["grid"] = [p.grid_h, p.grid_w]
             if p.num_units > 1:
@@ -130,7 +134,8 @@ class MediaHandlers:
                 width, height = image_header_size(read_payload(ref, self.max_bytes))
             plan = plan_image(width, height, self.image_options)
             n = plan.num_tokens
-            return PlannedMedia(index, "image", plan, [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]], n)
+            return PlannedMedia(index, "image", plan, [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]], n,
+                                runs=[(1, n)])
         if ref.modality == "video":
             from energon_nemotron.media.video import plan_video, video_metadata, video_prompt
 
@@ -139,12 +144,14 @@ class MediaHandlers:
             prompt = video_prompt(plan)
             pieces = self.text.encode_many([VIDEO_INTRO] + [text for text, _ in prompt] + ["\n"])
             intro, texts, newline = pieces[0], pieces[1:-1], pieces[-1]
-            tokens = list(intro) if plan.intro else []
+            tokens, runs = list(intro) if plan.intro else [], []
             for k, (piece, (_, n)) in enumerate(zip(texts, prompt)):
                 if k:
                     tokens += newline
-                tokens += piece + [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]]
-            return PlannedMedia(index, "video", plan, tokens, plan.num_tokens)
+                tokens += piece + [ids["<img>"]]
+                runs.append((len(tokens), n))
+                tokens += [ids["<image>"]] * n + [ids["</img>"]]
+            return PlannedMedia(index, "video", plan, tokens, plan.num_tokens, runs=runs)
         if ref.modality == "audio":
             from energon_nemotron.media.audio import audio_metadata, plan_audio
 
@@ -152,7 +159,7 @@ class MediaHandlers:
             plan = plan_audio(md, self.audio_options)
             n = plan.num_tokens
             return PlannedMedia(index, "audio", plan,
-                                [ids["<so_start>"]] + [ids["<so_embedding>"]] * n + [ids["<so_end>"]], n)
+                                [ids["<so_start>"]] + [ids["<so_embedding>"]] * n + [ids["<so_end>"]], n, runs=[(1, n)])
         raise MediaError(f"unknown modality {ref.modality!r}")
 
     # -- phase 2 ---------------------------------------------------------------------------------
