@@ -80,6 +80,10 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
     encoder = build_task_encoder(cfg)
+    if encoder.options.output != "packed_batch":
+        raise ConfigError(f"task_encoder.options.output {encoder.options.output!r} makes the encoder yield "
+                          "Megatron-Bridge step dicts, for Bridge's own Energon data module; this loader yields "
+                          "PackedBatch (convert with energon_nemotron.integrations.megatron_bridge)")
     encoder.skipped_counts = skips
     encoder.media.decodes = decodes
     if cfg.loader.on_error == "skip":

@@ -74,3 +74,6 @@ TASK_ENCODERS: Registry = Registry("task encoder", ["energon_nemotron.encoders.n
 #: Megatron-LM ``SFTTokenizer`` prompt formats (see ``megatron_packed.prompt_formats``).
 MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format",
                                               ["energon_nemotron.megatron_packed.prompt_formats"])
+
+#: Model presets: ``name -> integrations.presets.ModelPreset`` (the media layout a consumer model needs).
+MODEL_PRESETS: Registry = Registry("model preset", ["energon_nemotron.integrations.presets"])

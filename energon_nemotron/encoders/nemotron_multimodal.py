@@ -59,6 +59,14 @@ class NemotronMultimodalOptions(StrictModel):
     sequence_parallel: bool = False
     mtp_num_layers: int = Field(0, ge=0)
     max_media_bytes: int = Field(2 * 2**30, ge=1)
+    #: a model preset (``integrations.presets``): the image/video layout the consumer model requires
+    preset: Optional[str] = None
+    #: what ``batch`` yields: a ``PackedBatch``, or the dict of one Megatron-Bridge step (one row
+    #: per micro-batch; ``integrations.megatron_bridge``)
+    output: Literal["packed_batch", "nemotron_omni_step", "gpt_step"] = "packed_batch"
+    #: the bad-sample policy when the encoder runs under another loader than this project's (e.g.
+    #: Bridge's Energon data module, whose WorkerConfig has no handler); None: the loader's
+    on_error: Optional[Literal["raise", "skip"]] = None
 
     @property
     def parallel_multiple(self) -> int:
@@ -66,6 +74,27 @@ class NemotronMultimodalOptions(StrictModel):
         sequence parallelism (as Megatron-LM pads SFT sequences)."""
         cp = 2 * self.context_parallel_size if self.context_parallel_size > 1 else 1
         return cp * (self.tensor_parallel_size if self.sequence_parallel else 1)
+
+    @property
+    def temporal_patch_dim(self) -> int:
+        """The Bridge model provider's ``temporal_patch_dim`` this configuration serves (1 without a preset)."""
+        from energon_nemotron.integrations.presets import preset
+
+        return preset(self.preset).temporal_patch_dim if self.preset else 1
+
+    @model_validator(mode="after")
+    def _preset(self) -> "NemotronMultimodalOptions":
+        if self.preset is None:
+            return self
+        from energon_nemotron.integrations.presets import preset
+
+        p = preset(self.preset)
+        self.image = p.apply(self.preset, "image", self.image)
+        self.video = p.apply(self.preset, "video", self.video)
+        if self.output not in p.outputs:
+            raise ConfigError(f"task_encoder.options.output {self.output!r}: preset {self.preset!r} ({p.model}) "
+                              f"serves {', '.join(p.outputs)}")
+        return self
 
     @model_validator(mode="after")
     def _media(self) -> "NemotronMultimodalOptions":
@@ -125,6 +154,34 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         #: skips by reason (over-length skips here, ``on_error: skip`` in the loader's handler);
         #: the loader replaces it with one sized for its workers before they start
         self.skipped_counts = SkipCounter()
+        if o.on_error == "skip":
+            self.__default_failure_tolerance__ = 0      # skipping never turns into a fatal error
+        self._pending_skips: dict[str, int] = {}        # this process's skips not yet in a dict batch
+        if o.output != "packed_batch":
+            from energon_nemotron.integrations.megatron_bridge import STEP_BATCHES
+
+            self._to_step = STEP_BATCHES[o.output]
+
+    # -- under another loader (e.g. Megatron-Bridge's Energon data module) -----------------------
+    def _count_skip(self, code: str) -> None:
+        self.skipped_counts.add(code)
+        self._pending_skips[code] = self._pending_skips.get(code, 0) + 1
+
+    def _install_error_policy(self, worker_config) -> None:
+        """Put this encoder's bad-sample policy into a WorkerConfig that has none of ours (Energon's
+        default logs and drops samples uncounted): ``options.on_error``, else ``raise``."""
+        from energon_nemotron.errors import ErrorPolicy
+
+        if not isinstance(worker_config.global_error_handler, ErrorPolicy):
+            worker_config.global_error_handler = ErrorPolicy(self.options.on_error or "raise", _Counted(self))
+
+    def build_train_datasets(self, *, worker_config, **kwargs):
+        self._install_error_policy(worker_config)
+        return super().build_train_datasets(worker_config=worker_config, **kwargs)
+
+    def build_val_datasets(self, *, worker_config, **kwargs):
+        self._install_error_policy(worker_config)
+        return super().build_val_datasets(worker_config=worker_config, **kwargs)
 
     # -- per sample ------------------------------------------------------------------------------
     @stateless
@@ -135,6 +192,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
             planned = [self.media.plan(ref, i) for i, ref in enumerate(sample.media)]
         except MediaError as e:
             raise DataError(key, str(e), e.code) from None
+        self._check_consumer(key, planned)
         segments = sample.segment_messages()
         encoded = self.text.encode(segments, key, preformatted=sample.preformatted,
                                    last_only=self.options.train_only_on_last_assistant_turn, media=planned)
@@ -145,6 +203,16 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         patches = sum(p.plan.num_patches for p in planned if p.modality != "audio")
         return EncodedSample.derive_from(sample, sources=sources, cost=cost, media_plans=planned,
                                          media=list(sample.media), media_patches=patches)
+
+    def _check_consumer(self, key: str, planned: list) -> None:
+        """Media the configured ``output`` cannot carry are a ``DataError`` of the sample (before
+        packing, so ``on_error`` applies), not a failed batch."""
+        kinds = {p.modality for p in planned}
+        if self.options.output == "gpt_step" and kinds:
+            raise DataError(key, f"has {', '.join(sorted(kinds))}; output gpt_step takes text only", "unsupported_media")
+        if self.options.output == "nemotron_omni_step" and "video" in kinds and self.options.temporal_patch_dim == 1:
+            raise DataError(key, "has video; Bridge's Nemotron Omni model takes video only with its temporal "
+                                 "embedder (preset nemotron_omni_temporal)", "unsupported_media")
 
     @stateless
     def postencode_sample(self, sample: EncodedSample) -> EncodedSample:
@@ -168,7 +236,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
             raise DataError(key, f"sample takes {cost} positions, more than seq_length={L} "
                                  "(task_encoder.options.over_length: error | skip | truncate)", "over_length")
         if policy == "skip":
-            self.skipped_counts.add("over_length")
+            self._count_skip("over_length")
             raise SkipSample()
         kept, room = [], L
         if planned:
@@ -213,4 +281,25 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         rows = [s if isinstance(s, PackedRow) else self.pack_selected_samples([s]) for s in samples]
         batch = batch_rows(rows)
         batch.mtp_num_layers = self.options.mtp_num_layers
-        return batch
+        if self.options.output == "packed_batch":
+            return batch
+        if batch.batch_size != 1:
+            raise ConfigError(f"output {self.options.output}: one packed row per micro-batch (batch_size / "
+                              f"micro_batch_size 1), got {batch.batch_size} rows")
+        kwargs = {"temporal_patch_dim": self.options.temporal_patch_dim} if self.options.output == "nemotron_omni_step" else {}
+        out = self._to_step(batch, 0, **kwargs)
+        # read by nobody in Bridge's step (unknown keys become None there); for the data loop's logs
+        out["sample_keys"] = batch.sample_keys[0]
+        out["skipped"], self._pending_skips = self._pending_skips, {}
+        return out
+
+
+class _Counted:
+    """What an ``ErrorPolicy`` counts into: the encoder's counters (shared and this process's)."""
+
+    def __init__(self, encoder: NemotronMultimodalTaskEncoder) -> None:
+        self.encoder = encoder
+
+    def add(self, code: str, n: int = 1) -> None:
+        for _ in range(n):
+            self.encoder._count_skip(code)

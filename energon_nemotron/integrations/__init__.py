@@ -1,0 +1,1 @@
+"""Adapters to the training stacks that consume ``PackedBatch`` (Megatron-Bridge) and model presets."""

@@ -1,0 +1,77 @@
+"""Model presets: the media layout each consumer model requires (task-encoder option ``preset``).
+
+A preset fixes the image and video options its model cannot do without (``required``) and lets
+everything else (frame rate, frame counts, resize kernel, audio) be set as usual. An option the
+configuration sets to another value than the preset requires is a ``ConfigError`` at start, naming
+the key, the value and the model. ``temporal_patch_dim`` is the value of the Bridge model
+provider's field of that name, used by :func:`~energon_nemotron.integrations.megatron_bridge.to_nemotron_omni_step_batch`.
+
+- ``nemotron_omni``: Nemotron 3 Omni as ``transformers``' ``NemotronH_Omni_Reasoning_V3`` serves it
+  (dynamic-resolution images, aspect-preserving video frames, 2-frame tubelets), and Bridge's
+  Nemotron Omni model with ``temporal_patch_dim 1`` for images (that model takes no video).
+- ``nemotron_omni_temporal``: Bridge's Nemotron Omni model with the temporal video embedder
+  (``temporal_patch_dim 2``): every image and every frame 512x512 (32x32 patches, 256 tokens),
+  2-frame tubelets.
+- ``nemotron_nano_vl``: Nemotron Nano v2 VL (512x512 tiles, up to 12, plus a thumbnail; 256
+  tokens per tile). Bridge's Nano VL step takes unpacked ``[tiles, 3, 512, 512]`` images, which this
+  version does not produce: the preset sets the image layout for ``PackedBatch`` consumers only
+  (video is left to the options: the notes this project works from do not fix Nano VL's frames).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.registry import MODEL_PRESETS
+
+_PATCHES = {"patch_size": 16, "downsample": 2}
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """``image``/``video``: the options the model requires; ``temporal_patch_dim``: 1 or 2;
+    ``outputs``: the task-encoder ``output`` values this model can take."""
+
+    model: str
+    image: dict[str, Any] = field(default_factory=dict)
+    video: dict[str, Any] = field(default_factory=dict)
+    temporal_patch_dim: int = 1
+    outputs: tuple[str, ...] = ("packed_batch",)
+
+    def apply(self, name: str, kind: str, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` (the configured options of ``kind``) with the preset's required ones added;
+        a conflicting value raises ``ConfigError``."""
+        required = getattr(self, kind)
+        for key, want in required.items():
+            if key in values and values[key] != want:
+                raise ConfigError(f"task_encoder.options.{kind}.{key} = {values[key]!r}, but preset {name!r} "
+                                  f"({self.model}) requires {want!r}")
+        return {**values, **required}
+
+
+MODEL_PRESETS.register("nemotron_omni", ModelPreset(
+    model="Nemotron 3 Omni (transformers NemotronH_Omni_Reasoning_V3; Bridge NemotronOmni, temporal_patch_dim 1)",
+    image={"mode": "dynamic", **_PATCHES},
+    video={"maintain_aspect_ratio": True, "temporal_patch": 2, **_PATCHES},
+    temporal_patch_dim=1, outputs=("packed_batch", "nemotron_omni_step")))
+
+MODEL_PRESETS.register("nemotron_omni_temporal", ModelPreset(
+    model="Nemotron 3 Omni with Bridge's temporal video embedder (temporal_patch_dim 2)",
+    image={"mode": "tiling", "tile_size": 512, "max_tiles": 1, "use_thumbnail": False, **_PATCHES},
+    video={"maintain_aspect_ratio": False, "target_patches": 1024, "temporal_patch": 2, **_PATCHES},
+    temporal_patch_dim=2, outputs=("packed_batch", "nemotron_omni_step")))
+
+MODEL_PRESETS.register("nemotron_nano_vl", ModelPreset(
+    model="Nemotron Nano v2 VL (512x512 tiles)",
+    image={"mode": "tiling", "tile_size": 512, "max_tiles": 12, "use_thumbnail": True, **_PATCHES},
+    temporal_patch_dim=1, outputs=("packed_batch",)))
+
+
+def preset(name: str) -> ModelPreset:
+    """The registered preset ``name`` (``ConfigError`` listing the known ones otherwise)."""
+    try:
+        return MODEL_PRESETS.get(name)
+    except KeyError as e:
+        raise ConfigError(f"task_encoder.options.preset: {e.args[0]}") from None
