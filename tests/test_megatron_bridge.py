@@ -1,0 +1,242 @@
+"""Project batches through Megatron-Bridge 0.6.2's own training steps (megatron-core 0.19.2).
+
+The batches come from the real loader over ``energon prepare``d shards; the conversion is
+``integrations.megatron_bridge``; the checks run Bridge's code in a subprocess
+(``tests/references/bridge_steps.py``, which says what stands in for what). For every case the
+model-side merge of Bridge's model must give back the project's expanded row at every position
+(ids, labels, loss mask), its loss must count the project's trained tokens, the sound encoder's
+lengths must equal the ``<so_embedding>`` counts and the vision packed-sequence params the
+per-image patch counts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import DEMO_TOKENIZER
+from energon_data import loader_yaml
+from energon_nemotron.demo.datasets import multimodal_dataset, prepare, text_dataset, write_shards
+from energon_nemotron.demo.media import make_audio, make_image
+from energon_nemotron.integrations.megatron_bridge import (BridgeBatchError, to_gpt_step_batch,
+                                                           to_nemotron_omni_step_batch)
+from energon_nemotron.loader import build_train_loader
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = REPO / "tests" / "references" / "bridge_steps.py"
+PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 8, "max_sequences_per_bin": None}
+AUDIO_SECONDS = (1.0, 10.0, 30.0, 45.0)
+
+
+def audio_dataset(folder: Path) -> Path:
+    """One sample per length of ``AUDIO_SECONDS`` (16 kHz mono WAV), two text turns each."""
+    samples = []
+    for i, seconds in enumerate(AUDIO_SECONDS):
+        turns = [{"from": "human", "value": "<audio>\nTranscribe this."},
+                 {"from": "gpt", "value": f"clip {i} lasts {seconds:g} seconds"}]
+        import json
+
+        samples.append((f"au-{i:05d}", {"json": json.dumps({"conversations": turns}).encode(),
+                                        "wav": make_audio(seconds, sample_rate=16000, channels=1, seed=i)}))
+    write_shards(folder, samples)
+    return prepare(folder, {"cooker": "general_conversations"})
+
+
+def image_dataset(folder: Path, n: int = 12) -> Path:
+    """Text, one image, two images (sizes that give non-square grids) and audio, no video."""
+    import json
+
+    samples = []
+    for i in range(n):
+        turns = [{"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": f"Answer number {i}."}]
+        members: dict = {}
+        if i % 4 == 1:
+            members["jpg"] = make_image(200 + 40 * i, 120 + 16 * i, seed=i)
+            turns[0]["value"] = "<image>\n" + turns[0]["value"]
+        elif i % 4 == 2:
+            members["0.png"] = make_image(90, 300, seed=i, fmt="PNG")
+            members["1.jpg"] = make_image(640, 360, seed=i + 1)
+            turns[0]["value"] = "Compare <image> and <image>. " + turns[0]["value"]
+        elif i % 4 == 3:
+            members["wav"] = make_audio(2.0 + i / 10, sample_rate=16000, channels=1, seed=i)
+            turns[0]["value"] = "<audio>\n" + turns[0]["value"]
+        samples.append((f"im-{i:05d}", {"json": json.dumps({"conversations": turns}).encode(), **members}))
+    write_shards(folder, samples)
+    return prepare(folder, {"cooker": "general_conversations"})
+
+
+def batches(cfg: Path, n: int) -> list:
+    loader = build_train_loader(cfg, repeat=False)
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == n:
+            break
+    return out
+
+
+def vocab() -> dict:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(DEMO_TOKENIZER)).get_vocab()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """name -> (PackedBatch, Bridge dict, model config) for every case."""
+    root = tmp_path_factory.mktemp("bridge")
+    multimodal_dataset(root / "mm", n=15)
+    audio_dataset(root / "au")
+    text_dataset(root / "tx", "general_conversations", n=24)
+    image_dataset(root / "im")
+    v = vocab()
+    model = {"image_token_id": v["<image>"], "sound_token_id": v["<so_embedding>"], "vocab_size": max(v.values()) + 1}
+    cases = {}
+
+    def add(name, cfg_name, train, preset, n, seq_length=4096, cp=1, step="nemotron_omni"):
+        extra = {"preset": preset} if preset else {}
+        if cp > 1:
+            extra["context_parallel_size"] = cp
+        cfg = loader_yaml(root / cfg_name, train, packing=PACKING, seq_length=seq_length,
+                          prompt_format="nemotron6", extra_options={**extra, "video": {"min_frames": 2, "max_frames": 4}})
+        t = 2 if preset == "nemotron_omni_temporal" else 1
+        for k, batch in enumerate(batches(cfg, n)):
+            if step == "gpt":
+                if any(batch.media_spans[0]):
+                    continue
+                d = to_gpt_step_batch(batch)
+            else:
+                d = to_nemotron_omni_step_batch(batch, temporal_patch_dim=t, image_token_id=model["image_token_id"])
+            cases[f"{name}-{k}"] = (batch, d, {**model, "temporal_patch_dim": t, "seq_length": batch.seq_length})
+
+    add("temporal", "t.yaml", {"path": "mm"}, "nemotron_omni_temporal", 6)
+    add("temporal-cp2", "t2.yaml", {"path": "mm"}, "nemotron_omni_temporal", 3, cp=2)
+    add("dynamic", "d.yaml", {"path": "im"}, "nemotron_omni", 4)
+    add("audio", "a.yaml", {"path": "au"}, "nemotron_omni", 4, seq_length=2048)
+    add("text", "x.yaml", {"path": "tx"}, "nemotron_omni", 2)
+    add("gpt", "g.yaml", {"path": "tx"}, None, 3, step="gpt")
+    return cases
+
+
+@pytest.fixture(scope="module")
+def bridge(project, tmp_path_factory):
+    """name -> what Bridge's code produced for that case."""
+    folder = tmp_path_factory.mktemp("bridge_run")
+    cases = [{"name": name, "step": "gpt" if name.startswith("gpt") else "nemotron_omni", "batch": d,
+              "model": model, "depth": 3} for name, (_, d, model) in project.items()]
+    # the control: a row with images handed over expanded, as a PackedBatch holds it
+    name = next(n for n, (b, _, _) in project.items() if n.startswith("dynamic") and "image" in kinds(b))
+    batch, d, model = project[name]
+    expanded = {**d, **{k: getattr(batch, k)[:1] for k in ("tokens", "labels", "loss_mask", "position_ids")}}
+    cases.append({"name": "control-expanded", "step": "nemotron_omni", "batch": expanded, "model": model})
+    torch.save(cases, folder / "cases.pt")
+    proc = subprocess.run([sys.executable, str(RUNNER), str(folder / "cases.pt"), str(folder / "results.pt")],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    if proc.returncode:
+        pytest.fail(f"the Bridge reference run failed:\n{proc.stderr[-4000:]}", pytrace=False)
+    results = {r["name"]: r for r in torch.load(folder / "results.pt", weights_only=False)}
+    control = results.pop("control-expanded")
+    assert not control["ok"] and "split_with_sizes" in control["error"], control.get("error")
+    failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
+    assert not failed, "\n\n".join(f"{k}: {e}" for k, e in failed.items())
+    return results
+
+
+def kinds(batch) -> set:
+    return {s["kind"] for s in batch.media_spans[0]}
+
+
+def test_the_cases_cover_what_the_issue_names(project):
+    """text only, images, video (temporal), the four audio lengths, mixed packs, CP 2 padding."""
+    seen = {name.rsplit("-", 1)[0]: set() for name in project}
+    for name, (batch, _, _) in project.items():
+        seen[name.rsplit("-", 1)[0]] |= kinds(batch) | ({"mixed"} if len(kinds(batch)) > 1 else set())
+    assert {"image", "video", "audio", "mixed"} <= seen["temporal"]
+    assert {"image", "mixed"} <= seen["dynamic"] and "video" not in seen["dynamic"]
+    assert {"video"} <= seen["temporal-cp2"]
+    clips = [s for name, (b, _, _) in project.items() if name.startswith("audio") for s in b.media_spans[0]]
+    assert sorted(s["clips"] for s in clips) == [1, 1, 1, 2]          # 45 s: a 30 s clip and a 15 s one
+    assert any(name.startswith("gpt") for name in project)
+    assert all(not b.media_spans[0] for name, (b, _, _) in project.items() if name.startswith("text"))
+
+
+def test_bridge_merge_gives_back_the_project_row(project, bridge):
+    for name, (batch, d, _) in project.items():
+        if name.startswith("gpt"):
+            continue
+        got = bridge[name]
+        assert torch.equal(got["merged_ids"], batch.tokens[0]), name
+        assert torch.equal(got["labels"], batch.labels[0]), name
+        assert torch.equal(got["loss_mask"], batch.loss_mask[0]), name
+        assert got["loss_tokens"] == int(batch.loss_mask[0].sum()) > 0, name
+        # compact on the way in: one <image> per image / tubelet
+        assert d["tokens"].shape[1] == batch.seq_length - sum(n - 1 for s in batch.media_spans[0]
+                                                              if s["kind"] != "audio" for _, n in s["runs"])
+
+
+def test_bridge_packed_seq_params_are_the_project_boundaries(project, bridge):
+    for name, (batch, _, _) in project.items():
+        if name.startswith("gpt"):
+            continue
+        p = bridge[name]["packed"]
+        assert p["qkv_format"] == "thd"
+        assert p["cu_seqlens_q"] == p["cu_seqlens_kv"] == batch.cu_seqlens[0].tolist(), name
+        assert p["cu_seqlens_q_padded"] == p["cu_seqlens_kv_padded"] == batch.cu_seqlens_padded[0].tolist(), name
+        assert p["max_seqlen_q"] == batch.max_seqlen[0] and p["total_tokens"] == batch.seq_length
+        # megatron-core's seq_idx for the Mamba layers: one index per packed segment, no run-on
+        padded = batch.cu_seqlens_padded[0].tolist()
+        idx = p["seq_idx"]
+        assert len(idx) == batch.seq_length
+        assert [i for i in range(1, len(idx)) if idx[i] != idx[i - 1]] == padded[1:-1], name
+        if name.startswith("temporal-cp2"):
+            assert all(x % 4 == 0 for x in padded), name               # 2 * CP in merged coordinates
+
+
+def test_bridge_vision_and_sound_counts(project, bridge):
+    for name, (batch, d, _) in project.items():
+        if name.startswith("gpt"):
+            continue
+        got = bridge[name]
+        spans = batch.media_spans[0]
+        visual = [s for s in spans if s["kind"] != "audio"]
+        if visual:
+            units = torch.cat([batch.media["image_sizes"][i] for i in range(len(visual))]).to(torch.int64)
+            counts = (units[:, 0] * units[:, 1]).tolist()
+            assert got["vision_cu_seqlens"] == [sum(counts[:k]) for k in range(len(counts) + 1)], name
+            assert got["vision_images_shape"] == [1, sum(counts), 768] and got["vision_images_dtype"] == "torch.bfloat16"
+        else:
+            assert got["vision_cu_seqlens"] is None and "imgs_sizes" not in got["forward_keys"]
+        audio = [s for s in spans if s["kind"] == "audio"]
+        if audio:
+            so = int((batch.tokens[0] == project[name][2]["sound_token_id"]).sum())
+            assert sum(got["sound_embedding_lengths"]) == so == sum(s["num_tokens"] for s in audio), name
+            assert got["sound_length"] == d["sound_length"].tolist() and got["sound_clips_dtype"] == "torch.bfloat16"
+            assert d["sound_clips"].shape[1] == max(d["sound_length"].tolist())
+        else:
+            assert "sound_clips" not in got["forward_keys"]
+
+
+def test_gpt_step_batch_and_mtp_roll(project, bridge):
+    """Bridge's ``gpt_step.get_batch`` keeps the row; megatron-core 0.19.2's MTP roll over the
+    params Bridge builds from it never crosses a segment and never trains a pad."""
+    names = [n for n in project if n.startswith("gpt")]
+    assert names
+    for name in names:
+        batch, _, _ = project[name]
+        got = bridge[name]
+        for key in ("tokens", "labels", "loss_mask", "position_ids"):
+            assert torch.equal(got[key], getattr(batch, key)[0]), (name, key)
+        padded = batch.cu_seqlens_padded[0]
+        assert got["packed"]["cu_seqlens_q"] == got["packed"]["cu_seqlens_q_padded"] == padded.tolist()
+        segment = torch.bucketize(torch.arange(batch.seq_length), padded[1:].to(torch.int64), right=True)
+        for depth, (lab, msk) in enumerate(zip(got["mtp_labels"], got["mtp_loss_mask"]), start=1):
+            trained = torch.nonzero(msk).reshape(-1)
+            target = trained + depth
+            assert bool((target < batch.seq_length).all())
+            assert torch.equal(segment[trained], segment[target]), (name, depth)
+            assert bool((batch.loss_mask[0][target] == 1).all()), (name, depth)
+            assert torch.equal(lab[trained], batch.labels[0][target]), (name, depth)
