@@ -46,8 +46,9 @@ def audio_dataset(folder: Path) -> Path:
     return prepare(folder, {"cooker": "general_conversations"})
 
 
-def image_dataset(folder: Path, n: int = 12) -> Path:
-    """Text, one image, two images (sizes that give non-square grids) and audio, no video."""
+def image_dataset(folder: Path, n: int = 12, bad: tuple[int, ...] = ()) -> Path:
+    """Text, one image, two images (sizes that give non-square grids) and audio, no video; the
+    samples at ``bad`` get an image member that is not an image."""
     import json
 
     samples = []
@@ -64,6 +65,9 @@ def image_dataset(folder: Path, n: int = 12) -> Path:
         elif i % 4 == 3:
             members["wav"] = make_audio(2.0 + i / 10, sample_rate=16000, channels=1, seed=i)
             turns[0]["value"] = "<audio>\n" + turns[0]["value"]
+        if i in bad:
+            members = {"jpg": b"this is not a JPEG"}
+            turns[0]["value"] = f"<image>\nWhat is this? Question {i}?"
         samples.append((f"im-{i:05d}", {"json": json.dumps({"conversations": turns}).encode(), **members}))
     write_shards(folder, samples)
     return prepare(folder, {"cooker": "general_conversations"})
@@ -122,6 +126,16 @@ def project(tmp_path_factory):
     return cases
 
 
+def run_bridge(cases: list, folder: Path) -> dict:
+    """name -> result of ``tests/references/bridge_steps.py`` on ``cases``."""
+    torch.save(cases, folder / "cases.pt")
+    proc = subprocess.run([sys.executable, str(RUNNER), str(folder / "cases.pt"), str(folder / "results.pt")],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    if proc.returncode:
+        pytest.fail(f"the Bridge reference run failed:\n{proc.stderr[-4000:]}", pytrace=False)
+    return {r["name"]: r for r in torch.load(folder / "results.pt", weights_only=False)}
+
+
 @pytest.fixture(scope="module")
 def bridge(project, tmp_path_factory):
     """name -> what Bridge's code produced for that case."""
@@ -133,12 +147,7 @@ def bridge(project, tmp_path_factory):
     batch, d, model = project[name]
     expanded = {**d, **{k: getattr(batch, k)[:1] for k in ("tokens", "labels", "loss_mask", "position_ids")}}
     cases.append({"name": "control-expanded", "step": "nemotron_omni", "batch": expanded, "model": model})
-    torch.save(cases, folder / "cases.pt")
-    proc = subprocess.run([sys.executable, str(RUNNER), str(folder / "cases.pt"), str(folder / "results.pt")],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
-    if proc.returncode:
-        pytest.fail(f"the Bridge reference run failed:\n{proc.stderr[-4000:]}", pytrace=False)
-    results = {r["name"]: r for r in torch.load(folder / "results.pt", weights_only=False)}
+    results = run_bridge(cases, folder)
     control = results.pop("control-expanded")
     assert not control["ok"] and "split_with_sizes" in control["error"], control.get("error")
     failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
@@ -240,3 +249,43 @@ def test_gpt_step_batch_and_mtp_roll(project, bridge):
             assert torch.equal(segment[trained], segment[target]), (name, depth)
             assert bool((batch.loss_mask[0][target] == 1).all()), (name, depth)
             assert torch.equal(lab[trained], batch.labels[0][target]), (name, depth)
+
+
+@pytest.mark.slow
+def test_task_encoder_inside_bridges_energon_data_module(tmp_path):
+    """The encoder with ``output: nemotron_omni_step`` handed to Bridge's own
+    ``EnergonMultiModalDataModule`` (its WorkerConfig, no handler of ours): every batch goes
+    straight through ``forward_step``; ``on_error: skip`` drops the two broken samples and counts
+    them in the batches' ``skipped``, with 0 and 2 workers; ``on_error: raise`` names the sample."""
+    image_dataset(tmp_path / "imbad", n=16, bad=(5, 10))
+    v = vocab()
+    model = {"image_token_id": v["<image>"], "sound_token_id": v["<so_embedding>"], "vocab_size": max(v.values()) + 1,
+             "temporal_patch_dim": 1, "seq_length": 2048}
+    cases = []
+    for policy in ("skip", "raise"):
+        cfg = loader_yaml(tmp_path / f"{policy}.yaml", {"path": "imbad"}, packing=PACKING, seq_length=2048,
+                          prompt_format="nemotron6",
+                          extra_options={"preset": "nemotron_omni", "output": "nemotron_omni_step", "on_error": policy})
+        for workers in ((0, 2) if policy == "skip" else (0,)):
+            cases.append({"name": f"{policy}-{workers}", "step": "datamodule", "config": str(cfg),
+                          "dataset": str(tmp_path / "imbad"), "num_workers": workers, "packing_buffer_size": 8,
+                          "batches": 12 if policy == "skip" else 40, "model": model})
+    results = run_bridge(cases, tmp_path)
+    for name in ("skip-0", "skip-2"):
+        r = results[name]
+        assert r["ok"] and r["error"] is None, r
+        keys = [k for b in r["batches"] for k in b["sample_keys"]]
+        assert not {"im-00005", "im-00010"} & set(keys)
+        skipped: dict = {}
+        for b in r["batches"]:
+            for code, n in b["skipped"].items():
+                skipped[code] = skipped.get(code, 0) + n
+            assert b["loss_tokens"] == b["compact_trained"] > 0
+            assert {"tokens", "labels", "loss_mask", "cu_seqlens_q", "total_tokens"} <= set(b["keys"])
+        # 14 good samples an epoch (Bridge's loader repeats); the buffers read ahead of the batches
+        epochs = len(keys) / 14
+        assert list(skipped) == ["corrupt_media"], skipped
+        assert 2 * int(epochs) <= skipped["corrupt_media"] <= 2 * (int(epochs) + 2), (name, skipped, len(keys))
+    raised = results["raise-0"]
+    assert raised["ok"] and raised["error"] is not None
+    assert "im-00005" in raised["error"] or "im-00010" in raised["error"], raised["error"]

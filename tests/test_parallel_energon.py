@@ -100,6 +100,43 @@ def test_mtp_equals_megatron_core_roll_over_padded_boundaries(ds):
     assert torch.equal(labels[0], rolled[0]) and torch.equal(mask[0], rolled_mask[0])
 
 
+def _mtp_violations(b, params, depth: int) -> int:
+    """Trained MTP targets of megatron-core's own roll (depth times over ``params``) that sit on a
+    pad or come from another segment."""
+    from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+    labels, mask = b.labels[:1], b.loss_mask[:1]
+    for _ in range(depth):
+        labels, _ = roll_tensor(labels, shifts=-1, dims=-1, packed_seq_params=params)
+        mask, _ = roll_tensor(mask, shifts=-1, dims=-1, packed_seq_params=params)
+    padded, real = b.cu_seqlens_padded[0].to(torch.int64), b.cu_seqlens[0].to(torch.int64)
+    positions = torch.arange(b.seq_length)
+    seg = torch.bucketize(positions, padded[1:], right=True)
+    # cu_seqlens are cumulative real lengths (TE's logical offsets): segment i's real tokens are
+    # padded[i] .. padded[i] + (real[i+1] - real[i])
+    is_pad = positions >= (padded[:-1] + real[1:] - real[:-1])[seg]
+    trained = mask[0].nonzero().flatten()
+    target = trained + depth
+    bad = is_pad[trained] | (target >= b.seq_length)
+    ok = ~bad
+    bad[ok] |= (seg[trained[ok]] != seg[target[ok]]) | (labels[0][trained[ok]] != b.labels[0][target[ok]])
+    return int(bad.sum())
+
+
+def test_packed_seq_params_helper_is_safe_for_megatron_core_mtp(ds):
+    """``PackedBatch.packed_seq_params`` with padding (CP 2): megatron-core's MTP roll over the
+    helper's params never puts a trained target on a pad or across segments; over the real
+    lengths (``exact_lengths=True``, what the helper gave before) it does."""
+    root, _ = ds
+    unsafe = 0
+    for b in build_train_loader(cfg(root, "mtp3.yaml", mtp_num_layers=2, context_parallel_size=2), repeat=False):
+        assert not torch.equal(b.cu_seqlens[0], b.cu_seqlens_padded[0])
+        for depth in (1, 2):
+            assert _mtp_violations(b, b.packed_seq_params(0), depth) == 0
+            unsafe += _mtp_violations(b, b.packed_seq_params(0, exact_lengths=True), depth)
+    assert unsafe > 0
+
+
 @pytest.mark.parametrize("dp_size", [2, 3])
 def test_train_ranks_read_disjoint_parts(ds, dp_size):
     root, keys = ds

@@ -15,6 +15,8 @@ with megatron-core 0.19.2 (``bridge_runtime.activate``):
   Everything runs in bf16, as in training. The merged embeddings are built so that their first two
   features spell the token id at every text position and the ``<image>`` / ``<so_embedding>`` id
   at every image / sound position; the rest is random. Then Bridge's ``masked_next_token_loss`` runs on the model's loss mask.
+- ``datamodule``: the project's task encoder inside Bridge's ``EnergonMultiModalDataModule`` (its
+  own WorkerConfig and loader), every batch it yields through ``forward_step`` as above.
 - ``gpt``: Bridge's ``gpt_step.get_batch`` (CP 1) and ``get_packed_seq_params``, then
   megatron-core's MTP ``roll_tensor`` over those params, ``depth`` times.
 
@@ -204,21 +206,15 @@ def _omni(case: dict) -> dict:
         return out, mask
 
     model.forward = forward
-    cfg = types.SimpleNamespace(
-        dataset=types.SimpleNamespace(enable_in_batch_packing=True, defer_in_batch_packing_to_step=False,
-                                      skip_getting_attention_mask_from_dataset=True),
-        rerun_state_machine=types.SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False))
-    state = types.SimpleNamespace(timers=_Timer(), straggler_timer=_Timer(), cfg=cfg)
-    output, loss_fn = step.forward_step(state, iter([case["batch"]]), model)
-    loss, tokens, _ = loss_fn(output)
+    loss_mask, tokens = _forward(step, model, case["batch"])
     seen = model.language_model.seen
     vision = model.vision_model.seen
     return {
         "forward_keys": captured["keys"],
         "merged_ids": seen["merged_ids"][0],
         "labels": seen["labels"][0],
-        "loss_mask": loss_fn.args[0].reshape(-1),
-        "loss_tokens": int(tokens),
+        "loss_mask": loss_mask,
+        "loss_tokens": tokens,
         "packed": _packed(seen["packed_seq_params"]),
         "vision_cu_seqlens": vision.get("vision_cu_seqlens"),
         "vision_images_shape": list(vision["images"].shape) if vision else None,
@@ -227,6 +223,46 @@ def _omni(case: dict) -> dict:
         "sound_clips_dtype": str(captured["sound_clips"].dtype) if captured["sound_clips"] is not None else None,
         "sound_embedding_lengths": captured.get("sound_embedding_lengths"),
     }
+
+
+def _forward(step, model, batch) -> tuple[torch.Tensor, int]:
+    """Bridge's ``forward_step`` on one batch dict; (the model's loss mask, the loss's token count)."""
+    cfg = types.SimpleNamespace(
+        dataset=types.SimpleNamespace(enable_in_batch_packing=True, defer_in_batch_packing_to_step=False,
+                                      skip_getting_attention_mask_from_dataset=True),
+        rerun_state_machine=types.SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False))
+    state = types.SimpleNamespace(timers=_Timer(), straggler_timer=_Timer(), cfg=cfg)
+    output, loss_fn = step.forward_step(state, iter([batch]), model)
+    _, tokens, _ = loss_fn(output)
+    return loss_fn.args[0].reshape(-1), int(tokens)
+
+
+def _datamodule(case: dict) -> dict:
+    """The project's task encoder (``output: nemotron_omni_step``) handed to Bridge's
+    ``EnergonMultiModalDataModule``; its batches go straight to ``forward_step``."""
+    from energon_nemotron.loader import build_task_encoder
+
+    data = import_bridge_module("megatron.bridge.data.energon.base_energon_datamodule")
+    step = import_bridge_module("megatron.bridge.training.nemotron_omni_step")
+    encoder = build_task_encoder(case["config"])
+    module = data.EnergonMultiModalDataModule(
+        case["dataset"], tokenizer=None, seq_length=case["model"]["seq_length"], micro_batch_size=1,
+        num_workers=case["num_workers"], task_encoder=encoder, packing_buffer_size=case["packing_buffer_size"],
+        shuffle_buffer_size=8)
+    loader = module.train_dataloader()
+    model = tiny_llava(case["model"])
+    out = {"batches": [], "error": None}
+    try:
+        for _ in range(case["batches"]):
+            batch = next(loader)
+            summary = {"keys": sorted(batch), "sample_keys": list(batch["sample_keys"]),
+                       "skipped": dict(batch["skipped"]), "compact_trained": int(batch["loss_mask"].sum())}
+            with torch.no_grad():
+                _, summary["loss_tokens"] = _forward(step, model, batch)
+            out["batches"].append(summary)
+    except Exception as e:                      # the policy 'raise': the test reads the message
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def _gpt(case: dict) -> dict:
@@ -259,7 +295,7 @@ def main(cases_path: str, results_path: str) -> None:
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     results = []
     for case in torch.load(cases_path, weights_only=True):
-        run = {"nemotron_omni": _omni, "gpt": _gpt}[case["step"]]
+        run = {"nemotron_omni": _omni, "gpt": _gpt, "datamodule": _datamodule}[case["step"]]
         try:
             results.append({"name": case["name"], "ok": True, **run(case)})
         except Exception as e:                  # reported to the test, which shows it
