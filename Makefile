@@ -14,7 +14,17 @@ BRIDGE_STAMP := $(REF_CACHE)/megatron_bridge-0.6.2/.fetched
 MCORE_STAMP := $(REF_CACHE)/megatron_core-0.19.2/.fetched
 FETCH_WHEEL := PYTHON=$(BIN)/python bash tests/references/fetch_wheel.sh $(REF_CACHE)
 
-.PHONY: install references demo test test-fast test-slow bench bench-quick clean
+# The Megatron-Bridge stack pins transformers<=5.12.1: the suite also runs against that and the lowest
+# versions the project claims for its other direct dependencies (torch stays 2.13: PyPI has no CPU
+# build of older ones). `make test-compat` runs the whole default suite there; `make test` runs
+# COMPAT_TESTS, the tests of the code those packages reach, to stay within its time.
+COMPAT_VENV ?= .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
+COMPAT_PINS := transformers==5.12.1 tokenizers==0.22.1 numpy==1.26.4 pillow==10.0.1 av==17.0.0 \
+    pydantic==2.5.0 pyyaml==6.0.1 tqdm==4.67.1 webdataset==1.0.2
+COMPAT_TESTS ?= tests
+
+.PHONY: install references demo test test-fast test-slow test-compat bench bench-quick clean
 
 install: $(STAMP)
 
@@ -23,6 +33,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+$(COMPAT_STAMP): pyproject.toml Makefile
+	@test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -e '.[dev]' $(COMPAT_PINS)
+	@touch $(COMPAT_STAMP)
 
 references: $(REF_STAMP) $(BRIDGE_STAMP) $(MCORE_STAMP)
 
@@ -48,6 +64,13 @@ demo: install
 test: install references
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -m slow
+	$(MAKE) test-compat COMPAT_TESTS="$(COMPAT_IN_TEST)"
+
+test-compat: install references $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -c "import transformers, tokenizers, numpy, PIL, av, pydantic; print('compat:', \
+	    'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'numpy', numpy.__version__, \
+	    'pillow', PIL.__version__, 'av', av.__version__, 'pydantic', pydantic.VERSION)"
+	$(COMPAT_VENV)/bin/python -m pytest -q $(COMPAT_TESTS)
 
 test-fast: install references
 	$(BIN)/python -m pytest -q -x
@@ -62,4 +85,4 @@ bench-quick: install references
 	$(BIN)/python benchmarks/run_all.py --quick
 
 clean:
-	rm -rf $(VENV) $(REF_VENV) .cache build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) $(REF_VENV) $(COMPAT_VENV) .cache build dist *.egg-info .pytest_cache

@@ -241,6 +241,7 @@ def test_gpt_step_batch_and_mtp_roll(project, bridge):
             assert torch.equal(got[key], getattr(batch, key)[0]), (name, key)
         padded = batch.cu_seqlens_padded[0]
         assert got["packed"]["cu_seqlens_q"] == got["packed"]["cu_seqlens_q_padded"] == padded.tolist()
+        assert got["packed"]["total_tokens"] is None     # Bridge 0.6.2's gpt_step drops it (README)
         segment = torch.bucketize(torch.arange(batch.seq_length), padded[1:].to(torch.int64), right=True)
         for depth, (lab, msk) in enumerate(zip(got["mtp_labels"], got["mtp_loss_mask"]), start=1):
             trained = torch.nonzero(msk).reshape(-1)
