@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from transformers import ParakeetEncoder, ParakeetEncoderConfig
-from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import NemotronH_Omni_Reasoning_V3 as OmniModel
 
 from energon_nemotron.media.audio import AudioOptions, audio_metadata, plan_audio, process_audio
 from energon_nemotron.media.handlers import MediaHandlers
@@ -58,8 +57,11 @@ def clips():
     return out
 
 
+@pytest.mark.omni_reference
 @pytest.mark.parametrize("mode", MODES)
 def test_transformers_model_embeds_one_vector_per_placeholder(hf_model, clips, mode, demo_tokenizer):
+    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import NemotronH_Omni_Reasoning_V3 as OmniModel
+
     handlers = MediaHandlers(demo_tokenizer, TextEncoder(demo_tokenizer), None, None, AudioOptions(long_audio=mode))
     so_embedding = handlers.ids()["<so_embedding>"]
     for seconds in SECONDS:

@@ -122,6 +122,7 @@ def test_plan_matches_the_vllm_clip_rule(n_samples):
     assert plan.num_tokens == sum(ref_tokens(s) for s in ref_clips(n_samples))
 
 
+@pytest.mark.omni_reference
 def test_tokens_equal_the_processor_for_every_clip_length():
     """Every length 0.1 s - 30 s: our plan's tokens equal the Omni processor's own
     ``_estimate_audio_num_embeddings`` (the transformers code, run on its defaults)."""

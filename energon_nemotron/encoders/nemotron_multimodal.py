@@ -5,7 +5,8 @@ packing cost; nothing decoded) → ``select_samples_to_pack`` (a registered pack
 every sample placed exactly once) → ``postencode_sample`` (decode only the media of samples
 selected into a pack) → ``pack_selected_samples`` (one ``PackedRow``) → ``batch`` (``PackedBatch``).
 Without packing, each batch row holds one sample. Everything up to the packing buffer is
-``@stateless``.
+``@stateless``. With ``options.output`` set to a Megatron-Bridge step, ``batch`` yields that step's
+dict instead (``integrations.megatron_bridge``), for Bridge's own Energon data module.
 """
 
 from __future__ import annotations

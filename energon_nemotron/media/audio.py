@@ -272,10 +272,16 @@ def _extractor(options: AudioOptions):
     key = (options.num_mel_bins, options.sample_rate, options.hop_length)
     ex = _EXTRACTORS.get(key)
     if ex is None:
+        import transformers
         from transformers import ParakeetFeatureExtractor
 
-        ex = _EXTRACTORS.setdefault(key, ParakeetFeatureExtractor(
-            feature_size=options.num_mel_bins, sampling_rate=options.sample_rate, hop_length=options.hop_length))
+        try:
+            made = ParakeetFeatureExtractor(feature_size=options.num_mel_bins, sampling_rate=options.sample_rate,
+                                            hop_length=options.hop_length)
+        except ImportError as e:   # an environment fault, never a sample's: Energon stops on it
+            raise ImportError(f"transformers {transformers.__version__}'s ParakeetFeatureExtractor needs librosa "
+                              "(newer releases do not): pip install 'energon-nemotron[librosa]'") from e
+        ex = _EXTRACTORS.setdefault(key, made)
     return ex
 
 
