@@ -23,6 +23,12 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
 COMPAT_PINS := transformers==5.12.1 tokenizers==0.22.1 numpy==1.26.4 pillow==10.0.1 av==18.0.0 \
     pydantic==2.5.0 pyyaml==6.0.1 tqdm==4.67.1 webdataset==1.0.2 librosa==0.11.0
 COMPAT_TESTS ?= tests
+# what `make test` runs in .venv-compat: tokenization, chat templates, cookers, options, media
+# decoding and features, the Energon path end to end, and the Megatron-Bridge checks
+COMPAT_IN_TEST := tests/test_energon_tokenization.py tests/test_cookers.py tests/test_config.py \
+    tests/test_media_image.py tests/test_media_audio.py tests/test_media_video.py tests/test_video_rotation.py \
+    tests/test_video_sampling.py tests/test_energon_media.py tests/test_audio_model_counts.py \
+    tests/test_megatron_parity.py tests/test_assemble.py tests/test_bridge_presets.py tests/test_megatron_bridge.py
 
 .PHONY: install references demo test test-fast test-slow test-compat bench bench-quick clean
 
