@@ -81,6 +81,9 @@ def test_dict_output_is_one_row_per_micro_batch(tmp_path):
     a, b = (encode(enc, crude(k, "<image>\nWhat is it?", jpg=make_image(96, 64, seed=i))) for i, k in enumerate("ab"))
     d = enc.batch([a])
     assert d["sample_keys"] == ["a"] and d["skipped"] == {} and d["attention_mask"] is None
+    tokens = int(a.sources[0].tokens.shape[0])
+    assert d["telemetry"] == {"samples": 1, "tokens": tokens, "positions": 4096, "fill_ratio": tokens / 4096,
+                              "media": {"image": 1}}
     assert d["tokens"].dtype == torch.int64 and d["loss_mask"].dtype == torch.float32
     assert d["imgs_sizes"].dtype == torch.int64 and d["num_image_tiles"].dtype == torch.int32
     plan = plan_image(96, 64)                                        # the dynamic grid, in pixels

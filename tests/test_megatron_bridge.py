@@ -282,6 +282,7 @@ def test_task_encoder_inside_bridges_energon_data_module(tmp_path):
             for code, n in b["skipped"].items():
                 skipped[code] = skipped.get(code, 0) + n
             assert b["loss_tokens"] == b["compact_trained"] > 0
+            assert b["telemetry"]["samples"] == len(b["sample_keys"]) and 0 < b["telemetry"]["fill_ratio"] <= 1
             assert {"tokens", "labels", "loss_mask", "cu_seqlens_q", "total_tokens"} <= set(b["keys"])
         # 14 good samples an epoch (Bridge's loader repeats); the buffers read ahead of the batches
         epochs = len(keys) / 14

@@ -292,6 +292,12 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         # read by nobody in Bridge's step (unknown keys become None there); for the data loop's logs
         out["sample_keys"] = batch.sample_keys[0]
         out["skipped"], self._pending_skips = self._pending_skips, {}
+        media: dict[str, int] = {}
+        for span in batch.media_spans[0]:
+            media[span["kind"]] = media.get(span["kind"], 0) + 1
+        tokens = int(batch.cu_seqlens[0][-1])
+        out["telemetry"] = {"samples": len(batch.sample_keys[0]), "tokens": tokens, "positions": batch.seq_length,
+                            "fill_ratio": tokens / batch.seq_length, "media": media}
         return out
 
 

@@ -256,7 +256,8 @@ def _datamodule(case: dict) -> dict:
         for _ in range(case["batches"]):
             batch = next(loader)
             summary = {"keys": sorted(batch), "sample_keys": list(batch["sample_keys"]),
-                       "skipped": dict(batch["skipped"]), "compact_trained": int(batch["loss_mask"].sum())}
+                       "skipped": dict(batch["skipped"]), "compact_trained": int(batch["loss_mask"].sum()),
+                       "telemetry": dict(batch["telemetry"])}
             with torch.no_grad():
                 _, summary["loss_tokens"] = _forward(step, model, batch)
             out["batches"].append(summary)
