@@ -24,6 +24,13 @@ def conv(user: str, answer: str = "Fine.") -> bytes:
     return json.dumps({"conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": answer}]}).encode()
 
 
+def decode_time_bad_jpeg(seed: int) -> bytes:
+    """A JPEG cut to a third: its header (size) reads, so the sample is planned and packed; decoding
+    it fails (``corrupt_media`` at decode time, after packing)."""
+    data = make_image(200, 150, seed=seed)
+    return data[:len(data) // 3]
+
+
 def good(i: int) -> tuple[str, dict]:
     return f"good-{i:02d}", {"json": conv(f"Question {i}?", f"Answer {i}.")}
 

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from bad_inputs import ALL_CODES, PREFORMATTED_BAD, TWICE_BAD, WDS_BAD, build_corpus
+from bad_inputs import ALL_CODES, PREFORMATTED_BAD, TWICE_BAD, WDS_BAD, build_corpus, conv, decode_time_bad_jpeg
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.errors import DataError, ErrorPolicy, SkipCounter
 from energon_nemotron.loader import build_task_encoder
@@ -101,3 +101,27 @@ def test_jsonl_line_errors_name_the_line_key():
     ErrorPolicy("skip", counts)(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), {"__key__": "3"})
     ErrorPolicy("skip", counts)(RuntimeError("boom"), {"__key__": "4"})
     assert counts.totals() == {"invalid_utf8": 1, "other": 1}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packs_that_lose_every_sample_at_decode_count_only_those_samples(tmp_path, workers):
+    """Samples that fail only at decode time (after packing), one per pack: the skip count is the
+    samples dropped, with no extra count for the pack they leave empty."""
+    from energon_nemotron.demo.datasets import prepare, write_shards
+    from energon_nemotron.demo.media import make_image
+    from energon_nemotron.loader import build_train_loader
+
+    samples = [(f"s-{i:05d}", {"json": conv("<image> what?", f"Answer {i}."),
+                               "jpg": make_image(200, 150, seed=i) if i < 3 else decode_time_bad_jpeg(i)})
+               for i in range(9)]
+    write_shards(tmp_path / "d", samples, per_shard=3)
+    prepare(tmp_path / "d", {"cooker": "general_conversations"})
+    cfg = {"tokenizer": str(DEMO_TOKENIZER), "task_encoder": {"name": "nemotron_multimodal", "options": OPTIONS},
+           "packing": {"algorithm": "best_fit_decreasing", "buffer_size": 3, "max_sequences_per_bin": 1},
+           "data": {"train": {"path": str(tmp_path / "d")}},
+           "loader": {"batch_size": 1, "num_workers": workers, "shuffle_buffer_size": None, "on_error": "skip"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    loader = build_train_loader(tmp_path / "c.yaml", repeat=False)
+    keys = sorted(k for b in loader for row in b.sample_keys for k in row)
+    assert keys == [f"s-{i:05d}" for i in range(3)]
+    assert loader.skipped() == {"corrupt_media": 6}

@@ -271,6 +271,10 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
 
     @stateless
     def pack_selected_samples(self, samples: list[EncodedSample]) -> PackedRow:
+        if not samples:
+            # every sample of this pack failed at decode time and was counted there (on_error:
+            # skip): the empty pack is no further skip
+            raise SkipSample()
         sources = [src for s in samples for src in s.sources]
         fields = assemble_row(sources, self.options.seq_length, self.pad_multiple, self.pad_id)
         fields.update(row_media(samples, fields["cu_seqlens_padded"].tolist()))
