@@ -178,11 +178,30 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
 
     def build_train_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
+        self._one_pass = None if kwargs.get("repeat", True) else "train"
         return super().build_train_datasets(worker_config=worker_config, **kwargs)
 
     def build_val_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
+        self._one_pass = "val"
         return super().build_val_datasets(worker_config=worker_config, **kwargs)
+
+    def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
+        """Energon's loading of one dataset; in a validation pass each one is guarded (its
+        datasets are concatenated, and the concatenation keeps no state of which one it is in)."""
+        from energon_nemotron.encoders.one_pass import OnePassEnd
+
+        loaded = super()._load_dataset(dataset, worker_rotation_offset, worker_config)
+        return OnePassEnd(loaded, worker_config=worker_config) if getattr(self, "_one_pass", None) == "val" else loaded
+
+    def build_encode_sample(self, dataset, *, worker_config):
+        """In a one-pass training loader the whole source (blend, repetitions) is guarded below the
+        shuffle buffer, so that a state saved while the buffers drain keeps the pass's end."""
+        if getattr(self, "_one_pass", None) == "train":
+            from energon_nemotron.encoders.one_pass import guard_source
+
+            dataset = guard_source(dataset, worker_config)
+        return super().build_encode_sample(dataset, worker_config=worker_config)
 
     # -- per sample ------------------------------------------------------------------------------
     @stateless

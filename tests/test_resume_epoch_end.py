@@ -1,0 +1,115 @@
+"""Resume at every point of a one-epoch pass (``repeat=False``), including its very end: a state
+saved once the source has been read into the shuffle buffer (the last ``shuffle_buffer_size``
+samples of the epoch) or the packing buffer must not make the resumed run read the epoch again.
+Energon's sample loader resets its position when its source is exhausted; the encoder's one-pass
+guard keeps that end in the state."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from conftest import DEMO_TOKENIZER
+from energon_nemotron.demo.datasets import text_dataset
+from energon_nemotron.loader import _build, _config, build_train_loader
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("epoch_end")
+    text_dataset(root / "a", "general_conversations", N, seed=1, per_shard=6)
+    text_dataset(root / "b", "general_conversations", N // 2, seed=2, per_shard=5)
+    (root / "mix.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
+        "      - {repetitions: 1, path: a}\n      - {repetitions: 2, path: b}\n"
+        "  val:\n    blend_epochized:\n      - {repetitions: 1, path: a, split_part: train}\n"
+        "      - {repetitions: 1, path: b, split_part: train}\n")
+    return root
+
+
+def cfg(root, path, workers, packing):
+    return {"tokenizer": str(DEMO_TOKENIZER),
+            "task_encoder": {"name": "nemotron_multimodal", "options": {"prompt_format": "nemotron6",
+                                                                           "seq_length": 2048}},
+            "packing": {"algorithm": "first_fit_shuffle", "buffer_size": 6} if packing else None,
+            "data": {"train": {"path": str(root / path)}, "validation": {"path": str(root / path), "split": "train"}},
+            "loader": {"batch_size": 2, "num_workers": workers, "shuffle_buffer_size": 8, "seed": 3}}
+
+
+def signature(batch) -> tuple:
+    return (tuple(tuple(r) for r in batch.sample_keys), batch.tokens.sum().item(), tuple(batch.tokens.shape))
+
+
+def run_with_states(config, build):
+    """The whole pass, and the loader's state after each batch (index k: after k batches)."""
+    loader = build(config)
+    states, batches = [loader.state_dict()], []
+    for batch in loader:
+        batches.append(signature(batch))
+        states.append(loader.state_dict())
+    return batches, states
+
+
+def resumed(config, build, state):
+    loader = build(config)
+    loader.load_state_dict(state)
+    return [signature(b) for b in loader]
+
+
+def save_points(n: int) -> list[int]:
+    """The start, the middle, and every one of the last batches (where the shuffle and packing
+    buffers drain after the source is exhausted)."""
+    return sorted({0, n // 2, *range(max(n - 3, 1), n + 1)})
+
+
+@pytest.mark.parametrize("workers, packing, path", [
+    (0, True, "a"), (1, False, "a"), (2, True, "a"), (2, False, "mix.yaml"), (0, True, "mix.yaml")])
+def test_one_epoch_resume_is_exact_up_to_the_very_end(data, workers, packing, path):
+    config = cfg(data, path, workers, packing)
+    build = lambda c: build_train_loader(c, repeat=False)                      # noqa: E731
+    batches, states = run_with_states(config, build)
+    keys = Counter(k for b in batches for row in b[0] for k in row)
+    expected = N + (2 * (N // 2) if path == "mix.yaml" else 0)
+    assert sum(keys.values()) == expected                                      # one epoch, each sample once
+    for k in save_points(len(batches)):
+        assert resumed(config, build, states[k]) == batches[k:], f"resumed after batch {k} of {len(batches)}"
+
+
+def test_one_epoch_state_at_the_end_yields_nothing_more(data):
+    config = cfg(data, "a", 2, True)
+    build = lambda c: build_train_loader(c, repeat=False)                      # noqa: E731
+    _, states = run_with_states(config, build)
+    assert resumed(config, build, states[-1]) == []
+
+
+def test_repeating_loader_still_continues_into_the_next_epoch(data):
+    """With ``repeat=True`` the guard is not in the way: after a restore at the end of the first
+    epoch, the loader goes on into the second exactly as the uninterrupted run."""
+    config = cfg(data, "a", 0, True)
+    first = build_train_loader(config)
+    it = iter(first)
+    n_epoch = 0
+    seen: Counter = Counter()
+    while sum(seen.values()) < N:
+        seen.update(k for row in next(it).sample_keys for k in row)
+        n_epoch += 1
+    state = first.state_dict()
+    expected = [signature(next(it)) for _ in range(8)]
+    second = build_train_loader(config)
+    second.load_state_dict(state)
+    got = [signature(b) for _, b in zip(range(8), second)]
+    assert got == expected
+
+
+def test_validation_loader_resumes_exactly_up_to_its_end(data):
+    """The validation split is one pass too (Energon's val datasets, concatenated for a blend)."""
+    config = cfg(data, "mix.yaml", 0, True)
+    config["data"]["validation"] = {"path": str(data / "mix.yaml"), "split": "val"}
+    build = lambda c: _build(_config(c), validation=True, repeat=False)        # noqa: E731
+    batches, states = run_with_states(config, build)
+    assert sum(len(row) for b in batches for row in b[0]) == N + N // 2
+    for k in save_points(len(batches)):
+        assert resumed(config, build, states[k]) == batches[k:], f"resumed after batch {k} of {len(batches)}"
