@@ -25,6 +25,7 @@ from energon_nemotron.cookers import build_cookers
 from energon_nemotron.errors import ConfigError, DataError, MediaError, SkipCounter
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up, row_media
+from energon_nemotron.packing.distinct import separate_repeats, source_id
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
 from energon_nemotron.tokenization.conversation import ConversationTokenizer, NoTrainableTokensError
 from energon_nemotron.tokenization.loading import TextEncoder
@@ -179,7 +180,26 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
     def build_train_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
         self._one_pass = None if kwargs.get("repeat", True) else "train"
+        if self._one_pass is None and kwargs.get("packing_buffer_size"):
+            self._warn_buffer_over_data(kwargs["datasets"], kwargs["packing_buffer_size"], worker_config)
         return super().build_train_datasets(worker_config=worker_config, **kwargs)
+
+    @staticmethod
+    def _warn_buffer_over_data(datasets: list, buffer: int, worker_config) -> None:
+        """Warn (once, at build) when a repeating loader's packing buffers will hold repeated reads."""
+        import warnings
+
+        from energon_nemotron.packing.distinct import BufferOverDataWarning, buffer_over_data
+
+        readers = max(1, worker_config.num_workers) * worker_config.world_size
+        described = [(str(getattr(d.dataset, "path", i)), len(d.dataset) * (d.repetitions or 1), d.weight)
+                     for i, d in enumerate(datasets)]
+        why = buffer_over_data(buffer, described, readers)
+        if why:
+            warnings.warn(BufferOverDataWarning(
+                f"{why}: each buffer holds repeated reads of the same samples. Packs stay free of repeats "
+                "(a repeated read goes to another pack), but packing works on fewer distinct lengths; use a "
+                "smaller packing.buffer_size or fewer workers for so small a dataset"), stacklevel=2)
 
     def build_val_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
@@ -286,6 +306,9 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         placed = sorted(i for b in bins for i in b)
         if placed != list(range(len(samples))):
             raise RuntimeError(f"packer {self.packing.algorithm!r} did not place every sample exactly once")
+        # a buffer larger than a worker's share of a repeating dataset holds repeated reads: never two in a pack
+        bins = separate_repeats(bins, [source_id(s) for s in samples], [s.cost for s in samples],
+                                self.options.seq_length, self.packing.max_sequences_per_bin, **budget)
         return [[samples[i] for i in b] for b in bins]
 
     @stateless
