@@ -17,11 +17,15 @@ Relative paths resolve against the YAML file's folder. The YAML is read with ``y
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import types
+import typing
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from energon_nemotron.errors import ConfigError
 
@@ -85,15 +89,35 @@ class MegatronSource(StrictModel):
 Source = Union[EnergonSource, MegatronSource]
 
 
-def _source(value: Any) -> Any:
-    if isinstance(value, dict):
-        fmt = value.get("format", "energon")
-        if fmt == "megatron_sft_packed":
-            return MegatronSource.model_validate(value)
-        if fmt != "energon":
-            raise ValueError(f"unknown source format {fmt!r}; known: energon, megatron_sft_packed")
-        return EnergonSource.model_validate(value)
-    return value
+SOURCE_HINT = ("a data source: {path: DATASET} (an Energon dataset: a folder prepared with `energon prepare`, a "
+               "metadataset .yaml or a prepared .jsonl) or {format: megatron_sft_packed, path: ROWS.jsonl.packed, "
+               "seq_length: L}")
+#: what a missing or wrongly typed field must be set to, by its dotted location
+FIELD_HINTS = {
+    "tokenizer": "a Hugging Face fast tokenizer folder (saved with tokenizer.save_pretrained)",
+    "data": "a mapping with at least train: {path: DATASET}",
+    "data.train": SOURCE_HINT, "data.validation": f"null or {SOURCE_HINT}",
+    "data.train.path": "the dataset to read (Energon: a folder prepared with `energon prepare`, a metadataset "
+                       ".yaml or a prepared .jsonl; megatron_sft_packed: a .jsonl.packed file)",
+    "data.train.seq_length": "the row length L the megatron_sft_packed file was packed for",
+}
+FIELD_HINTS["data.validation.path"] = FIELD_HINTS["data.train.path"]
+FIELD_HINTS["data.validation.seq_length"] = FIELD_HINTS["data.train.seq_length"]
+
+
+def _source(value: Any, field: str = "train") -> Any:
+    if value is None and field == "validation":
+        return None
+    if isinstance(value, (EnergonSource, MegatronSource)):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"expected {SOURCE_HINT}; got {describe_value(value)}")
+    fmt = value.get("format", "energon")
+    if fmt == "megatron_sft_packed":
+        return MegatronSource.model_validate(value)
+    if fmt != "energon":
+        raise ValueError(f"unknown source format {fmt!r}; known: energon, megatron_sft_packed")
+    return EnergonSource.model_validate(value)
 
 
 class DataConfig(StrictModel):
@@ -103,8 +127,29 @@ class DataConfig(StrictModel):
 
     @field_validator("train", "validation", mode="before")
     @classmethod
-    def _pick_source(cls, v: Any) -> Any:
-        return _source(v)
+    def _pick_source(cls, v: Any, info: ValidationInfo) -> Any:
+        return _source(v, info.field_name)
+
+
+def check_source_path(src: Source, field: str) -> None:
+    """``ConfigError`` naming ``field`` (``data.train``) unless ``src.path`` is there and, for an
+    Energon source, prepared (checked when a loader is built, not when the config is read)."""
+    path = Path(src.path)
+    if isinstance(src, MegatronSource):
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            raise ConfigError(f"{field}.path: {str(path)!r} {what}; a megatron_sft_packed source is a .jsonl.packed "
+                              "file of packed rows (write one with `energon-nemotron pack-megatron`)")
+        return
+    prepare = f"prepare it with `energon prepare {path}`"
+    if not path.exists():
+        raise ConfigError(f"{field}.path: {str(path)!r} does not exist; set it to an Energon dataset: a folder "
+                          "prepared with `energon prepare FOLDER`, a metadataset .yaml or a prepared .jsonl")
+    if path.is_dir() and not (path / ".nv-meta").is_dir():
+        raise ConfigError(f"{field}.path: {str(path)!r} is not a prepared Energon dataset (it has no .nv-meta "
+                          f"folder); {prepare}")
+    if path.suffix == ".jsonl" and not path.with_name(path.name + ".idx").is_file():
+        raise ConfigError(f"{field}.path: {str(path)!r} is not prepared (no {path.name}.idx beside it); {prepare}")
 
 
 class TaskEncoderConfig(StrictModel):
@@ -115,6 +160,8 @@ class TaskEncoderConfig(StrictModel):
 class LoaderSettings(StrictModel):
     batch_size: int = Field(1, ge=1)
     num_workers: int = Field(2, ge=0)
+    #: Energon: the shuffle buffer; megatron_sft_packed training rows: any value is a full
+    #: per-epoch permutation of the rows (seeded by ``seed``), null keeps file order
     shuffle_buffer_size: Optional[int] = Field(1000, ge=1)
     seed: int = 1234
     dp_rank: int = Field(0, ge=0)
@@ -122,6 +169,11 @@ class LoaderSettings(StrictModel):
     on_error: Literal["raise", "skip"] = "raise"
     #: log a one-line telemetry summary (logger ``energon_nemotron``) every N batches; 0: never
     log_every: int = Field(0, ge=0)
+    #: skips stop the run when more than this fraction of the last 1000 samples a worker read were
+    #: skipped (checked from 200 samples on; ``skip_limits``); null: never
+    max_skip_fraction: Optional[float] = Field(0.5, gt=0, le=1)
+    #: skips stop the run after this many in a row in one worker; null: never
+    max_consecutive_skips: Optional[int] = Field(100, ge=1)
 
     @model_validator(mode="after")
     def _rank(self) -> "LoaderSettings":
@@ -163,12 +215,76 @@ class LoaderConfig(StrictModel):
 
 
 def format_validation_error(err: ValidationError, origin: str) -> str:
+    """One line per error: ``origin: field.path: what is wrong`` (with what to set for a missing
+    or wrongly typed field); a message that already names its field under ``origin`` is kept as is."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
         msg = e["msg"].removeprefix("Value error, ")
+        if not loc and msg.startswith(origin + "."):
+            lines.append(msg)
+            continue
+        hint = FIELD_HINTS.get(loc)
+        if hint and e["type"] == "missing":
+            msg = f"missing; set it to {hint}"
+        elif hint and e["type"].endswith(("_type", "_parsing")):
+            msg = f"expected {hint}; got {describe_value(e.get('input'))}"
         lines.append(f"{origin}: {loc or '(top level)'}: {msg}")
     return "\n".join(lines)
+
+
+def describe_value(value: Any) -> str:
+    """How errors show a value and its YAML kind: ``'2' (a string)``, ``[2] (a list)``, ``null``."""
+    if value is None:
+        return "null"
+    kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+             ((list, tuple), "a list"), (dict, "a mapping"))
+    kind = next((k for t, k in kinds if isinstance(value, t)), f"a {type(value).__name__}")
+    shown = repr(value)
+    return f"{shown if len(shown) <= 60 else shown[:57] + '...'} ({kind})"
+
+
+def _type_check(tp: Any) -> tuple[Callable[[Any], bool], str]:
+    """A predicate for values of the annotation ``tp`` and how to say it ("a number"); annotations
+    other than bool/int/float/str, Literal and Optional/Union of them are not checked."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return (lambda v: any(type(v) is type(a) and v == a for a in args)), "one of " + ", ".join(map(repr, args))
+    if origin is Union or origin is types.UnionType:
+        arms = [_type_check(a) for a in args if a is not type(None)]
+        none_ok = type(None) in args
+        text = " or ".join(t for _, t in arms) + (" or null" if none_ok else "")
+        return (lambda v: (none_ok and v is None) or any(ok(v) for ok, _ in arms)), text
+    plain = {bool: (lambda v: isinstance(v, bool), "true or false"),
+             int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+             float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+             str: (lambda v: isinstance(v, str), "a string")}
+    return plain.get(tp, (lambda v: True, "anything"))
+
+
+def check_dataclass_values(cls: type, values: dict, where: str) -> None:
+    """``ConfigError`` unless ``values`` suit the dataclass ``cls``: known keys only, each value of
+    its annotated type (no coercion: ``"2"`` is not a number; an int is a float), and every number
+    finite and > 0, or >= the field's ``metadata["min"]`` when it has one. ``where`` names the
+    mapping (``task_encoder.options.video``)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in fields]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        ok, expected = _type_check(hints[name])
+        if not ok(value):
+            raise ConfigError(f"{where}.{name}: expected {expected}, got {describe_value(value)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}.{name}: expected a finite number, got {value}")
+        low = fields[name].metadata.get("min")
+        if low is None and not value > 0:
+            raise ConfigError(f"{where}.{name}: must be > 0, got {value}")
+        if low is not None and value < low:
+            raise ConfigError(f"{where}.{name}: must be >= {low}, got {value}")
 
 
 def load_config(source: Union[str, Path, dict], base: Optional[Path] = None) -> LoaderConfig:

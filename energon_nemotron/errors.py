@@ -31,7 +31,38 @@ class DataError(ValueError):
 
 
 class ConfigError(ValueError):
-    """An invalid option or combination of options (not tied to one sample)."""
+    """An invalid option or combination of options (not tied to one sample). The message names the
+    field (or file) and the fix. It is never a skip: ``ErrorPolicy`` re-raises it under every
+    ``on_error``.
+
+    Raised in a ``DataLoader`` worker, PyTorch re-raises it in the parent with the worker's
+    traceback as the only argument; the original message is taken back from its last line (the
+    traceback is kept in ``worker_traceback``).
+    """
+
+    def __init__(self, message: str = "") -> None:
+        self.worker_traceback = None
+        marker = f"\n{type(self).__module__}.{type(self).__qualname__}: "
+        if isinstance(message, str) and message.startswith(f"Caught {type(self).__name__} ") and marker in message:
+            self.worker_traceback = message
+            message = message.rsplit(marker, 1)[1].rstrip("\n")
+        super().__init__(message)
+
+
+class DatasetError(ConfigError):
+    """A prepared dataset whose files are missing, damaged or disagree with each other (a shard, its
+    ``.tar.idx``, the ``.info.json`` counts): not a bad sample, so it stops the run under every
+    ``on_error`` (skipping would silently drop the rest of a shard). The message names the file, the
+    sample when known, what is wrong, and the fix (mostly: re-run ``energon prepare``). Raised in a
+    worker, it reaches the parent intact (see ``ConfigError``).
+    """
+
+
+class SkipLimitError(ConfigError):
+    """``on_error: skip`` gave up: too many samples were skipped (``loader.max_consecutive_skips``
+    or ``loader.max_skip_fraction``; see ``energon_nemotron.skip_limits``). The message names the
+    limit, the window and the skip counts by reason. A ``ConfigError``, so never skipped itself:
+    the data (or the limit) has to change."""
 
 
 class MediaError(ValueError):
@@ -45,20 +76,24 @@ class MediaError(ValueError):
 
 
 #: every reason code the library reports (``other`` counts anything else)
-CODES = ("invalid_sample", "invalid_json", "invalid_utf8", "unknown_role", "empty_assistant", "no_assistant",
-         "empty_conversation", "media_reference", "missing_media", "path_escape", "reserved_tag", "tokenization",
+CODES = ("invalid_sample", "invalid_json", "invalid_utf8", "json_too_deep", "lone_surrogate", "nul_character",
+         "unknown_role", "empty_assistant", "no_assistant",
+         "empty_conversation", "media_reference", "missing_media", "path_escape", "path_too_long", "reserved_tag",
+         "tokenization",
          "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large", "other")
 
 
 def SkipCounter(num_workers: int = 0):
-    """A shared counter of skipped samples by reason code (``CODES``) across worker processes."""
-    from energon_nemotron.telemetry import SharedCounter
+    """A shared counter of skipped samples by reason code (``CODES``) across worker processes,
+    with the skip limits (``skip_limits.SkipTally``; defaults until ``skip_limits.apply_limits``)."""
+    from energon_nemotron.skip_limits import SkipTally
 
-    return SharedCounter(CODES, num_workers)
+    return SkipTally(CODES, num_workers)
 
 
 def error_code(exc: BaseException) -> str:
     """The skip-counter class of any exception raised while reading a sample."""
+    import errno
     import json
 
     if isinstance(exc, (DataError, MediaError)):
@@ -67,6 +102,15 @@ def error_code(exc: BaseException) -> str:
         return "invalid_utf8"
     if isinstance(exc, json.JSONDecodeError):
         return "invalid_json"
+    # the checks of ``json_safety`` and ``cookers.media`` catch these first; a library that meets
+    # them anyway (a tokenizer given a surrogate, a path with NUL or over the OS limit) is counted
+    # by the same codes, not as ``other``
+    if isinstance(exc, UnicodeEncodeError) and "surrogate" in str(exc):
+        return "lone_surrogate"
+    if isinstance(exc, ValueError) and "embedded null" in str(exc):
+        return "nul_character"
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+        return "path_too_long"
     return f"error:{type(exc).__name__}"
 
 
@@ -87,19 +131,50 @@ class ErrorPolicy:
 
     ``raise``: every error becomes a ``DataError`` naming the sample and propagates (the default:
     fail closed). ``skip``: the sample is dropped and counted by ``error_code`` in ``counts`` (a
-    :class:`SkipCounter`), so nothing disappears uncounted.
+    :class:`SkipCounter`), so nothing disappears uncounted; the counter's skip limits may stop
+    the run (``SkipLimitError``). Energon's own per-error prints are silenced while a policy exists
+    (``skip_limits.quiet_energon_error_prints``); the policy is copied into every worker.
     """
 
     def __init__(self, mode: str, counts) -> None:
+        from energon_nemotron.skip_limits import quiet_energon_error_prints
+
         if mode not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {mode!r}")
         self.mode = mode
         self.counts = counts
+        quiet_energon_error_prints()
+
+    def __setstate__(self, state: dict) -> None:          # unpickled in a spawned worker
+        from energon_nemotron.skip_limits import quiet_energon_error_prints
+
+        self.__dict__.update(state)
+        quiet_energon_error_prints()
 
     def __call__(self, exc: Exception, sample: object = None, sources: object = None) -> None:
+        if isinstance(exc, ConfigError):
+            raise exc                   # the configuration's fault, not the sample's: never skipped
         if self.mode == "skip":
-            self.counts.add(error_code(exc))
+            from energon_nemotron.skip_limits import record_skip
+
+            record_skip(self.counts, error_code(exc), _example(exc, sample, sources), _after_read(sample))
             return
         if isinstance(exc, DataError):
             raise exc.located(sample_where(sample, sources))
         raise DataError(sample_where(sample, sources), f"{type(exc).__name__}: {exc}", error_code(exc)) from exc
+
+
+def _example(exc: BaseException, sample: object, sources: object) -> str:
+    """``where: why`` of a skipped sample, for the skip limits' messages (at most 300 characters)."""
+    where = sample_where(sample, sources)
+    text = str(exc.located(where)) if isinstance(exc, DataError) else f"{where}: {type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _after_read(sample: object) -> bool:
+    """Whether a failing ``sample`` had already been read (encoded by phase 1): a sample failing at
+    decode time, or a pack or batch of such samples."""
+    from energon_nemotron.packing.assemble import PackedRow
+    from energon_nemotron.types import EncodedSample
+
+    return isinstance(sample, (EncodedSample, PackedRow, list, tuple))

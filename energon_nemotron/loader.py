@@ -22,9 +22,10 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, load_config
+from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, check_source_path, load_config
 from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
 from energon_nemotron.media.handlers import MEDIA_COUNTERS
+from energon_nemotron.skip_limits import apply_limits
 from energon_nemotron.telemetry import LoaderStats, SharedCounter
 from energon_nemotron.registry import TASK_ENCODERS
 
@@ -57,6 +58,7 @@ def build_task_encoder(config: ConfigLike):
 def _worker_config(cfg: LoaderConfig, encoder: Any):
     from megatron.energon import WorkerConfig
 
+    apply_limits(encoder.skipped_counts, cfg.loader)
     policy = ErrorPolicy(cfg.loader.on_error, encoder.skipped_counts)
     return WorkerConfig(rank=cfg.loader.dp_rank, world_size=cfg.loader.dp_size, num_workers=cfg.loader.num_workers,
                         seed_offset=cfg.loader.seed, global_error_handler=policy)
@@ -69,8 +71,14 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, s
                                        context_parallel_size=src.context_parallel_size, pad_token=src.pad_token,
                                        chat_key=src.chat_key, identity_masks_prompt=src.identity_masks_prompt,
                                        allow_eos_pad=src.allow_eos_pad)
+    apply_limits(skips, cfg.loader)
+    # training rows: a full per-epoch permutation whenever a shuffle buffer is set; validation: file order
+    shuffle = None if validation or cfg.loader.shuffle_buffer_size is None else cfg.loader.seed
     dataset = MegatronSFTPackedDataset(src.path, encoder, dp_rank=cfg.loader.dp_rank, dp_size=cfg.loader.dp_size,
-                                       validation=validation, on_error=cfg.loader.on_error, skips=skips)
+                                       validation=validation, on_error=cfg.loader.on_error, skips=skips,
+                                       shuffle_seed=shuffle)
+    if shuffle is not None:
+        dataset.row_index()             # one pass over the file, here, so the workers inherit it
     return torch.utils.data.DataLoader(dataset, batch_size=cfg.loader.batch_size, collate_fn=collate_rows,
                                        num_workers=cfg.loader.num_workers)
 
@@ -79,6 +87,10 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                     skips: SharedCounter, decodes: SharedCounter) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
+    from energon_nemotron.dataset_check import check_source
+    from energon_nemotron.shard_check import guard_reads
+
+    check_source(src.path, src.split, cfg.data.default_cooker)   # tree, subflavors, shards against indexes
     encoder = build_task_encoder(cfg)
     if encoder.options.output != "packed_batch":
         raise ConfigError(f"task_encoder.options.output {encoder.options.output!r} makes the encoder yield "
@@ -108,6 +120,7 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                               "subflavors: {cooker: NAME} in its .nv-meta/dataset.yaml or metadataset, or "
                               "data.default_cooker in the loader config") from None
         raise
+    guard_reads(dataset)                     # a shard damaged inside: a DatasetError naming it, not a traceback
     return get_savable_loader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None)
 
 
@@ -126,6 +139,7 @@ def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
     src = cfg.data.validation if validation else cfg.data.train
     if src is None:
         raise ConfigError("data.validation is not set")
+    check_source_path(src, "data.validation" if validation else "data.train")
     fp = fingerprint(cfg, "validation" if validation else "train", repeat)
     skips = SkipCounter(cfg.loader.num_workers)
     if isinstance(src, MegatronSource):
@@ -152,6 +166,10 @@ class Loader:
         self.rows = rows            # Megatron-LM rows (a DataLoader over MegatronSFTPackedDataset)
         self.positions: dict[int, int] = {}
         self.next_worker = 0
+        if not rows:
+            from energon_nemotron.worker_checkpoints import start_point
+
+            self._start = start_point(inner)     # what a worker that has delivered nothing resumes from
 
     @property
     def dataset(self) -> Any:
@@ -189,28 +207,36 @@ class Loader:
             position = {"workers": {str(k): v for k, v in self.positions.items()},
                         "next_worker": self.next_worker}
         else:
-            position = {"energon": encode_state(self.inner.save_state_rank())}
+            from energon_nemotron.worker_checkpoints import settle
+
+            position = {"energon": encode_state(settle(self.inner.save_state_rank(), self.inner, self._start))}
         return {"fingerprint": self.fingerprint, "position": position}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, origin: str = "the loader state") -> None:
         """Resume from ``state`` (before iterating); a different configuration is a ``ConfigError``
-        listing what changed."""
-        from energon_nemotron.state import check_fingerprint, decode_state
+        listing what changed, a damaged state (or another loader's) one naming the key (``origin``:
+        how messages name the state, e.g. its file)."""
+        from energon_nemotron.state import check_fingerprint, restore_energon, rows_position, state_parts
 
-        check_fingerprint(state.get("fingerprint", {}), self.fingerprint)
-        position = state.get("position", {})
+        saved, position = state_parts(state, origin)
+        check_fingerprint(saved, self.fingerprint, origin)
         if self.rows:
-            self.inner.dataset.resume_positions = {int(k): int(v) for k, v in position["workers"].items()}
-            self.inner.dataset.worker_offset = int(position.get("next_worker", 0))
+            ds = self.inner.dataset
+            ds.resume_positions, ds.worker_offset = rows_position(position, self.inner.num_workers, origin)
         else:
-            self.inner.restore_state_rank(decode_state(position["energon"]))
+            from energon_nemotron.worker_checkpoints import start_point
+
+            restore_energon(self.inner, position, origin)
+            self._start = start_point(self.inner)
 
 
 def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
-    """Everything that changes the stream of batches: data (paths, split, the prepared index's
-    identity), cookers, task encoder and options, packing, tokenizer files, loader settings, rank
-    layout, seed, library version."""
+    """Everything that changes the stream of batches: data (paths, split, and per file that shapes an
+    Energon source a ``"{split} file {path}"`` sha256: metadataset YAMLs, each dataset's dataset.yaml,
+    split.yaml, .info, index.uuid or .jsonl.idx), cookers, task encoder and options, packing,
+    tokenizer files, loader settings, rank layout, seed, library version."""
     from energon_nemotron import __version__
+    from energon_nemotron.dataset_check import stream_digests
     from energon_nemotron.registry import COOKERS
     from energon_nemotron.state import file_digest
 
@@ -218,10 +244,13 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
         if src is None:
             return None
         out = src.model_dump(mode="json")
-        path = Path(src.path)
-        index = path / ".nv-meta" / "index.uuid" if path.is_dir() else path.with_name(path.name + ".idx")
-        out["index"] = file_digest(index) if index.is_file() else None
+        if isinstance(src, MegatronSource):      # an Energon source's files: stream_digests below
+            index = Path(src.path).with_name(Path(src.path).name + ".idx")
+            out["index"] = file_digest(index) if index.is_file() else None
         return out
+
+    def files(name: str, src) -> dict:
+        return stream_digests(name, src.path, src.split) if isinstance(src, EnergonSource) else {}
 
     tok = Path(cfg.tokenizer)
     return {
@@ -232,7 +261,10 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
         "task_encoder": cfg.task_encoder.model_dump(mode="json"),
         "packing": cfg.packing.model_dump(mode="json") if cfg.packing else None,
         "tokenizer": file_digest(*tok.glob("*")) if tok.is_dir() else str(tok),
-        "loader": cfg.loader.model_dump(mode="json"),
+        # logging and the skip limits (which only stop a broken run) never change the stream
+        "loader": cfg.loader.model_dump(mode="json", exclude={"log_every", "max_skip_fraction",
+                                                              "max_consecutive_skips"}),
+        **files("train", cfg.data.train), **files("validation", cfg.data.validation),
     }
 
 

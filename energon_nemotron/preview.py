@@ -74,7 +74,7 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
     if (save_state or load_state) and split != "train":
         raise ConfigError("--save-state / --load-state apply to the train split")
     if load_state:
-        loader.load_state_dict(load_state_file(load_state))
+        loader.load_state_dict(load_state_file(load_state), origin=f"loader state {load_state}")
     tokenizer = None if as_json and not html else load_tokenizer(cfg.tokenizer)
     kept = []
     use_color = color == "always" or (color == "auto" and out.isatty())

@@ -36,3 +36,17 @@ def loader_yaml(path: Path, train: dict, *, seq_length: int = 1024, prompt_forma
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def text_config(train: Path, *, workers: int, packing: Optional[dict] = None, seq_length: int = 2048,
+                batch_size: int = 1, shuffle_buffer_size: Optional[int] = None, seed: int = 3,
+                validation: Optional[dict] = None) -> dict:
+    """A loader config dict for the demo tokenizer and the ``nemotron6`` format over ``train``."""
+    from conftest import DEMO_TOKENIZER
+
+    return {"tokenizer": str(DEMO_TOKENIZER),
+            "task_encoder": {"name": "nemotron_multimodal", "options": {"prompt_format": "nemotron6",
+                                                                           "seq_length": seq_length}},
+            "packing": packing, "data": {"train": {"path": str(train)}, "validation": validation},
+            "loader": {"batch_size": batch_size, "num_workers": workers, "shuffle_buffer_size": shuffle_buffer_size,
+                       "seed": seed}}

@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 import yaml
 
-from bad_inputs import ALL_CODES, PREFORMATTED_BAD, TWICE_BAD, WDS_BAD, build_corpus, conv, decode_time_bad_jpeg
+from bad_inputs import (ALL_CODES, OPENAI_BAD, PREFORMATTED_BAD, TWICE_BAD, WDS_BAD, build_corpus, conv,
+                        decode_time_bad_jpeg)
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.errors import DataError, ErrorPolicy, SkipCounter
 from energon_nemotron.loader import build_task_encoder
@@ -58,7 +59,7 @@ def test_raise_stops_with_the_key_and_exit_status(corpus):
                           "--json"], capture_output=True, text=True)
     assert res.returncode == 2
     err = res.stderr.strip().splitlines()[-1]
-    assert err.startswith("error: ") and any(key in err for key in (*WDS_BAD, *PREFORMATTED_BAD, *TWICE_BAD, "1", "2"))
+    assert err.startswith("error: ") and any(key in err for key in (*WDS_BAD, *PREFORMATTED_BAD, *TWICE_BAD, *OPENAI_BAD, "1", "2"))
 
 
 def crude(key, members, subflavors):
@@ -69,6 +70,7 @@ def crude(key, members, subflavors):
 CASES = [(k, m, c, {"cooker": "general_conversations"}) for k, (m, c) in WDS_BAD.items()]
 CASES += [(k, m, c, {"cooker": "general_conversations", "skip_chat_template": True}) for k, (m, c) in PREFORMATTED_BAD.items()]
 CASES += [(k, m, c, {"cooker": "nemotron_conversation"}) for k, (m, c) in TWICE_BAD.items()]
+CASES += [(k, m, c, {"cooker": "openai_messages"}) for k, (m, c) in OPENAI_BAD.items()]
 
 
 @pytest.mark.parametrize("key, members, code, subflavors", CASES, ids=[c[0] for c in CASES])

@@ -95,7 +95,11 @@ def test_dict_output_is_one_row_per_micro_batch(tmp_path):
 
 
 def test_the_project_loader_refuses_dict_output(tmp_path):
-    cfg = loader_yaml(tmp_path / "c.yaml", {"path": "unused"}, seq_length=4096, extra_options={"output": "gpt_step"})
+    from energon_data import text_dataset
+
+    text_dataset(tmp_path / "t", "general_conversations", 3)
+    cfg = loader_yaml(tmp_path / "c.yaml", {"path": str(tmp_path / "t")}, seq_length=4096,
+                      extra_options={"output": "gpt_step"})
     with pytest.raises(ConfigError, match=r"yield Megatron-Bridge step dicts"):
         build_train_loader(cfg)
 

@@ -150,7 +150,7 @@ def test_megatron_sft_packed_source_through_the_loader(tmp_path):
     cfg.write_text(json.dumps({"tokenizer": str(FIXTURE_TOKENIZER), "data": {"train": {
         "format": "megatron_sft_packed", "path": str(MEGATRON_FIXTURES / "train.jsonl.packed"), "seq_length": 96,
         "prompt_format": "nemotron-h-aligned", "context_parallel_size": 2}},
-        "loader": {"batch_size": 2, "num_workers": 0}}))
+        "loader": {"batch_size": 2, "num_workers": 0, "shuffle_buffer_size": None}}))     # file order
     [batch] = list(build_train_loader(cfg))
     ref = load_reference("nemotron-h-aligned", 2)["rows"]
     assert batch.tokens.tolist() == [r["tokens"] for r in ref]

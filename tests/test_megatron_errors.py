@@ -134,3 +134,42 @@ def test_pad_token_inside_content_is_reported(tmp_path):
         list(MegatronSFTPackedDataset(path, enc))
     msgs = [str(w.message) for w in caught if issubclass(w.category, PadInContentWarning)]
     assert len(msgs) == 1 and "1 rows contain the pad id 0" in msgs[0] and "(lines 2)" in msgs[0]
+
+
+# -- hostile JSON (issue 14, item 9): each a named error with its own code, never a crash ---------
+
+DEEP_LINE = '{"messages": ' + "[" * 1000 + "]" * 1000 + "}"          # 2 KB, 1001 levels
+SURROGATE_ROW = {"messages": [sys_(), user("broken \ud800 pair"), asst()]}
+NUL_ROW = {"messages": [sys_(), user(), asst("a\x00b")]}
+
+
+@pytest.mark.parametrize("line, code, reason", [
+    (DEEP_LINE, "json_too_deep", r"the JSON is nested 1001 levels deep, over the limit of 100 levels"),
+    (json.dumps(SURROGATE_ROW), "lone_surrogate",
+     r"field messages\[1\]\.content contains a lone UTF-16 surrogate U\+D800 at character 7"),
+    (json.dumps(NUL_ROW), "nul_character", r"field messages\[2\]\.content contains U\+0000 \(a NUL character\)"),
+])
+def test_hostile_json_names_file_line_and_reason(tmp_path, enc, line, code, reason):
+    path = tmp_path / "h.jsonl.packed"
+    path.write_text(json.dumps(GOOD) + "\n" + line + "\n")
+    with pytest.raises(DataError, match=rf"h\.jsonl\.packed:2: {reason}") as err:
+        read_all(path, enc)
+    assert err.value.code == code
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_hostile_json_is_skipped_and_counted(tmp_path, workers):
+    from conftest import DEMO_TOKENIZER
+    from energon_nemotron.loader import build_train_loader
+
+    path = tmp_path / "h.jsonl.packed"
+    lines = [json.dumps(GOOD)] * 6 + [DEEP_LINE, json.dumps(SURROGATE_ROW), json.dumps(NUL_ROW)] + [json.dumps(GOOD)] * 3
+    path.write_text("\n".join(lines) + "\n")
+    config = {"tokenizer": str(DEMO_TOKENIZER),
+              "data": {"train": {"format": "megatron_sft_packed", "path": str(path), "seq_length": 64,
+                                 "prompt_format": "nemotron-h-aligned"}},
+              "loader": {"batch_size": 1, "num_workers": workers, "on_error": "skip"}}
+    loader = build_train_loader(config, repeat=False)
+    keys = sorted(k.split("#")[0].rsplit(":", 1)[1] for batch in loader for row in batch.sample_keys for k in row)
+    assert keys == sorted(str(n) for n in (1, 2, 3, 4, 5, 6, 10, 11, 12))
+    assert loader.skipped() == {"json_too_deep": 1, "lone_surrogate": 1, "nul_character": 1}

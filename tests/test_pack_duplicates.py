@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import DEMO_TOKENIZER
+from energon_data import text_config
 from energon_nemotron.demo.datasets import text_dataset
 from energon_nemotron.packing.distinct import BufferOverDataWarning
 from energon_nemotron.loader import build_train_loader
@@ -27,12 +27,8 @@ def tiny(tmp_path_factory):
 
 
 def cfg(root, path, workers, buffer):
-    return {"tokenizer": str(DEMO_TOKENIZER),
-            "task_encoder": {"name": "nemotron_multimodal", "options": {"prompt_format": "nemotron6",
-                                                                           "seq_length": 8192}},
-            "packing": {"algorithm": "first_fit_shuffle", "buffer_size": buffer},
-            "data": {"train": {"path": str(root / path)}},
-            "loader": {"batch_size": 1, "num_workers": workers, "shuffle_buffer_size": None, "seed": 3}}
+    return text_config(root / path, workers=workers, seq_length=8192,
+                       packing={"algorithm": "first_fit_shuffle", "buffer_size": buffer})
 
 
 @pytest.mark.parametrize("workers, path", [(0, "t"), (2, "t"), (0, "mix.yaml")])

@@ -2,7 +2,8 @@
 saved once the source has been read into the shuffle buffer (the last ``shuffle_buffer_size``
 samples of the epoch) or the packing buffer must not make the resumed run read the epoch again.
 Energon's sample loader resets its position when its source is exhausted; the encoder's one-pass
-guard keeps that end in the state."""
+guard keeps that end in the state. Also: a worker that has delivered nothing when the state is saved
+resumes from where it started (``worker_checkpoints``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import DEMO_TOKENIZER
+from energon_data import text_config
 from energon_nemotron.demo.datasets import text_dataset
 from energon_nemotron.loader import _build, _config, build_train_loader
 
@@ -31,12 +32,9 @@ def data(tmp_path_factory):
 
 
 def cfg(root, path, workers, packing):
-    return {"tokenizer": str(DEMO_TOKENIZER),
-            "task_encoder": {"name": "nemotron_multimodal", "options": {"prompt_format": "nemotron6",
-                                                                           "seq_length": 2048}},
-            "packing": {"algorithm": "first_fit_shuffle", "buffer_size": 6} if packing else None,
-            "data": {"train": {"path": str(root / path)}, "validation": {"path": str(root / path), "split": "train"}},
-            "loader": {"batch_size": 2, "num_workers": workers, "shuffle_buffer_size": 8, "seed": 3}}
+    return text_config(root / path, workers=workers, batch_size=2, shuffle_buffer_size=8,
+                       packing={"algorithm": "first_fit_shuffle", "buffer_size": 6} if packing else None,
+                       validation={"path": str(root / path), "split": "train"})
 
 
 def signature(batch) -> tuple:
@@ -113,3 +111,31 @@ def test_validation_loader_resumes_exactly_up_to_its_end(data):
     assert sum(len(row) for b in batches for row in b[0]) == N + N // 2
     for k in save_points(len(batches)):
         assert resumed(config, build, states[k]) == batches[k:], f"resumed after batch {k} of {len(batches)}"
+
+
+def test_a_worker_that_has_delivered_nothing_resumes_from_its_start(data):
+    """A save that reaches a worker before it has started iterating (the second worker still
+    starting when the first batch arrives) is answered by Energon with its placeholder checkpoint,
+    "initial state, then skip one sample": restored as is, that worker's first batch is lost. The
+    loader settles such a worker to where it started."""
+    from energon_nemotron.state import encode_state
+    from energon_nemotron.worker_checkpoints import settle
+
+    config = cfg(data, "a", 2, True)
+    build = lambda c: build_train_loader(c, repeat=False)                      # noqa: E731
+    batches, _ = run_with_states(config, build)
+    loader = build(config)
+    it = iter(loader)
+    next(it)
+    raced = loader.inner.save_state_rank()
+    unstarted = loader.inner.dataset            # the main process's copy of the worker wrapper never iterated
+    unstarted._worker_id = 1
+    raced.worker_states[1] = unstarted.get_checkpoint(list(loader.inner._worker_sample_counters))
+    assert raced.worker_states[1].state is None and raced.worker_states[1].offset == 1
+
+    def resume_from(energon_state):
+        state = {"fingerprint": loader.fingerprint, "position": {"energon": encode_state(energon_state)}}
+        return resumed(config, build, state)
+
+    assert resume_from(raced) != batches[1:]                                   # a batch of worker 1 lost
+    assert resume_from(settle(raced, loader.inner, loader._start)) == batches[1:]

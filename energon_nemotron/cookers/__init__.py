@@ -1,9 +1,13 @@
 """Cookers: Energon crude samples → ``Conversation``s, registered by name (``registry.COOKERS``).
 
 A dataset selects its cooker with ``subflavors: {cooker: NAME}`` (in ``.nv-meta/dataset.yaml`` or a
-metadataset); ``build_cookers`` turns the registry into Energon ``Cooker``s.
+metadataset); ``build_cookers`` turns the registry into Energon ``Cooker``s. Importing this package
+installs the nesting limit on Energon's JSONL line parsing (``cookers.jsonl_guard``).
 """
 
+from energon_nemotron.cookers import jsonl_guard
 from energon_nemotron.cookers.base import build_cookers, sample_where
+
+jsonl_guard.install()
 
 __all__ = ["build_cookers", "sample_where"]

@@ -18,7 +18,7 @@ from energon_nemotron.types import Conversation, MediaPart, Message
 ASR_PROMPT = "Transcribe the spoken content to written text, with punctuation and capitalization."
 
 
-@register("granary_asr")
+@register("granary_asr", {"asr_prompt": str})
 @stateless
 def cook_granary_asr(sample: dict, **aux) -> Conversation:
     where = sample_where(sample)

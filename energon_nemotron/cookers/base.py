@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Optional
 
 from megatron.energon import Cooker
 
 from energon_nemotron.errors import ConfigError, DataError, sample_where  # noqa: F401  (re-exported)
+from energon_nemotron.json_safety import check_strings, parse_json
 from energon_nemotron.registry import COOKERS
 from energon_nemotron.types import Message
 
@@ -35,22 +35,17 @@ def build_cookers(default_cooker: Optional[str] = None) -> list[Cooker]:
 
 def payload(sample: dict, where: str) -> dict:
     """The JSON object of a crude sample: the ``json`` member of a WebDataset sample or the line
-    of a JSONL dataset (decoded by Energon, or raw bytes/str when no decoder runs)."""
+    of a JSONL dataset (decoded by Energon, or raw bytes/str when no decoder runs), checked by
+    ``json_safety`` (nesting limit before parsing; no NUL or lone surrogate in any string)."""
     keys = [k for k in sample if not k.startswith("__") and (k == "json" or k.endswith(".json"))]
     if not keys:
         members = sorted(k for k in sample if not k.startswith("__"))
         raise DataError(where, f"no .json member (members: {members})")
     value = sample[keys[0]]
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(where, f"{keys[0]} is not valid UTF-8 (byte {e.start})", "invalid_utf8") from None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise DataError(where, f"{keys[0]} is not valid JSON: {e.msg}", "invalid_json") from None
+    if isinstance(value, (bytes, bytearray, str)):
+        value = parse_json(value, where, keys[0])
+    else:
+        check_strings(value, where)         # parsed by Energon (a JSONL line): its strings unchecked
     if not isinstance(value, dict):
         raise DataError(where, f"{keys[0]} must hold a JSON object, got {type(value).__name__}")
     return value
@@ -97,6 +92,23 @@ def apply_last_turn_only(messages: list[Message]) -> None:
             m.train = i == last
 
 
-def register(name: str) -> Callable:
-    """Register a cook function (already ``@stateless``) under ``name``."""
+#: Subflavor keys that every cooker reads: name -> type. Keys of the form ``__name__`` are Energon's
+#: own (e.g. ``__subflavor__``) and always allowed.
+COMMON_SUBFLAVORS: dict[str, type] = {"cooker": str, "skip_chat_template": bool}
+#: The subflavor keys each registered cooker reads (``COMMON_SUBFLAVORS`` included), by cooker name;
+#: filled by :func:`register`. The loader rejects any other key, and values of another type, at start.
+COOKER_SUBFLAVORS: dict[str, dict[str, type]] = {}
+
+
+def register(name: str, subflavors: Optional[dict[str, type]] = None) -> Callable:
+    """Register a cook function (already ``@stateless``) under ``name``; ``subflavors`` declares the
+    subflavor keys it reads beyond ``COMMON_SUBFLAVORS`` (name -> ``bool``/``str``/``int``/...)."""
+    COOKER_SUBFLAVORS[name] = {**COMMON_SUBFLAVORS, **(subflavors or {})}
     return COOKERS.register(name)
+
+
+def subflavor_keys(cooker: str) -> dict[str, type]:
+    """The subflavor keys (name -> type) that ``cooker`` reads; a cooker registered in ``COOKERS``
+    without :func:`register` reads ``COMMON_SUBFLAVORS`` only."""
+    COOKERS.names()                                    # imports the built-in cookers
+    return COOKER_SUBFLAVORS.get(cooker, COMMON_SUBFLAVORS)

@@ -11,8 +11,8 @@ Media: a fragment's ``value`` names a member of the WebDataset sample (e.g. ``"0
 relative to the dataset folder; ``general_conversations`` tags take the sample's media members of
 that kind in name order (WebDataset) or the paths of the JSON fields ``image(s)``, ``video(s)``,
 ``audio(s)``/``sound`` (JSONL), in order. Every media item is referenced exactly once, in order.
-Subflavors read by every cooker: ``skip_chat_template`` (texts are already rendered) and
-``train_only_on_last_assistant_turn``.
+Subflavors read by these cookers (``CONVERSATION_SUBFLAVORS``, checked at start): ``cooker``,
+``skip_chat_template`` (texts are already rendered) and ``train_only_on_last_assistant_turn``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ ROLE_ALIASES = {
     "model": "assistant", "tool": "tool", "function": "tool", "observation": "tool",
 }
 MEDIA_TAG_RE = re.compile(r"<(image|video|audio)>")
+#: subflavor keys these cookers read beyond ``cooker`` and ``skip_chat_template``
+CONVERSATION_SUBFLAVORS = {"train_only_on_last_assistant_turn": bool}
 
 
 def _role(value, where: str, i: int) -> str:
@@ -75,7 +77,7 @@ def _conversation(sample: dict, messages: list[Message], segments: list[int], wh
                         segments=segments, preformatted=subflavor_flag(sample, "skip_chat_template", where))
 
 
-@register("nemotron_conversation")
+@register("nemotron_conversation", CONVERSATION_SUBFLAVORS)
 @stateless
 def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
     """``{"conversation": [{"sender", "fragments": [str | {"t", "value", "metadata"}]}]}``."""
@@ -127,7 +129,7 @@ def _merge_text(parts: list) -> list:
     return out or [""]
 
 
-@register("general_conversations")
+@register("general_conversations", CONVERSATION_SUBFLAVORS)
 @stateless
 def cook_general_conversations(sample: dict, **aux) -> Conversation:
     """LLaVA style ``{"conversations": [{"from", "value"}]}``."""
@@ -171,7 +173,7 @@ def _openai_messages(sample: dict, where: str) -> list[Message]:
     return messages
 
 
-@register("openai_messages")
+@register("openai_messages", CONVERSATION_SUBFLAVORS)
 @stateless
 def cook_openai_messages(sample: dict, **aux) -> Conversation:
     """``{"messages": [{"role", "content": str | [{"type": "text", "text"}]}]}``."""
@@ -179,7 +181,7 @@ def cook_openai_messages(sample: dict, **aux) -> Conversation:
     return _conversation(sample, _openai_messages(sample, where), [0], where)
 
 
-@register("openai_messages_offline_packed")
+@register("openai_messages_offline_packed", CONVERSATION_SUBFLAVORS)
 @stateless
 def cook_openai_messages_offline_packed(sample: dict, **aux) -> Conversation:
     """Several ``openai_messages`` conversations in one row, a new one at each ``system`` message

@@ -52,11 +52,32 @@ def dataset_root(sample: dict, where: str) -> Path:
     return path.parent if path.suffix == ".jsonl" or path.is_file() else path
 
 
+#: longest media path accepted, in characters, and longest path component, in UTF-8 bytes (the
+#: limit of common file systems); longer is ``path_too_long``
+MAX_PATH_CHARS = 1024
+MAX_PATH_COMPONENT_BYTES = 255
+
+
+def check_path_length(value: str, modality: str, where: str) -> None:
+    """A media path over ``MAX_PATH_CHARS`` characters, or with a component over
+    ``MAX_PATH_COMPONENT_BYTES`` bytes, is a ``DataError`` (``path_too_long``)."""
+    if len(value) > MAX_PATH_CHARS:
+        raise DataError(where, f"{modality} path {value[:40]!r}... is {len(value)} characters long, over the limit "
+                               f"of {MAX_PATH_CHARS} (MAX_PATH_CHARS)", "path_too_long")
+    for part in re.split(r"[/\\]", value):
+        size = len(part.encode("utf-8", "surrogatepass"))
+        if size > MAX_PATH_COMPONENT_BYTES:
+            raise DataError(where, f"{modality} path {value[:40]!r}...: the component {part[:40]!r}... is {size} "
+                                   f"bytes long, over the limit of {MAX_PATH_COMPONENT_BYTES} bytes "
+                                   "(MAX_PATH_COMPONENT_BYTES)", "path_too_long")
+
+
 def path_media(sample: dict, value: Any, modality: str, where: str) -> MediaRef:
-    """A media file named by a path relative to the dataset folder; a path that escapes the folder,
-    or that does not exist, is an error."""
+    """A media file named by a path relative to the dataset folder; a path that is too long
+    (``check_path_length``), escapes the folder or does not exist is an error."""
     if not isinstance(value, str) or not value:
         raise DataError(where, f"{modality} path must be a non-empty string, got {value!r}")
+    check_path_length(value, modality, where)
     root = dataset_root(sample, where).resolve()
     path = (root / value).resolve()
     if path != root and root not in path.parents:

@@ -12,7 +12,6 @@ dict instead (``integrations.megatron_bridge``), for Bridge's own Energon data m
 from __future__ import annotations
 
 import zlib
-import dataclasses
 import inspect
 import math
 from typing import Any, Literal, Optional, Union
@@ -27,22 +26,27 @@ from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up, row_media
 from energon_nemotron.packing.distinct import separate_repeats, source_id
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
+from energon_nemotron.skip_limits import record_pass
 from energon_nemotron.tokenization.conversation import ConversationTokenizer, NoTrainableTokensError
 from energon_nemotron.tokenization.loading import TextEncoder
 from energon_nemotron.types import Conversation, EncodedSample, EncodedSource, PackedBatch
 
 
 def media_options(kind: str, values: dict):
-    """The options dataclass of a media kind (``media.image.ImageOptions`` etc.) from a dict;
-    unknown keys are errors listing the valid ones."""
+    """The options dataclass of a media kind (``media.image.ImageOptions`` etc.) from a dict; a
+    ``ConfigError`` naming ``task_encoder.options.{kind}.FIELD`` for an unknown key, a wrongly typed
+    value (checked against the dataclass's annotations) or a value out of range."""
     import importlib
 
+    from energon_nemotron.config import check_dataclass_values
+
+    where = f"task_encoder.options.{kind}"
     cls = getattr(importlib.import_module(f"energon_nemotron.media.{kind}"), f"{kind.capitalize()}Options")
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in values if k not in valid]
-    if unknown:
-        raise ValueError(f"{kind}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}")
-    return cls(**values)
+    check_dataclass_values(cls, values, where)
+    try:
+        return cls(**values)
+    except ConfigError as e:           # a combination of values (e.g. min_frames > max_frames)
+        raise ConfigError(f"{where}: {e}") from None
 
 
 class NemotronMultimodalOptions(StrictModel):
@@ -241,6 +245,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         sources = self._fit(sources, key, planned)
         cost = sum(round_up(int(s.tokens.shape[0]), self.pad_multiple) for s in sources)
         patches = sum(p.plan.num_patches for p in planned if p.modality != "audio")
+        record_pass(self.skipped_counts)            # read: the skip limits' window (skip_limits)
         return EncodedSample.derive_from(sample, sources=sources, cost=cost, media_plans=planned,
                                          media=list(sample.media), media_patches=patches)
 

@@ -24,7 +24,7 @@ import contextlib
 import io
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Union
 
 import numpy as np
@@ -48,8 +48,10 @@ class AudioOptions:
     max_seconds: float = 1800.0        # longer -> MediaError
     num_mel_bins: int = 128
     hop_length: int = 160
-    subsampling_layers: int = 3        # Parakeet 8x = three stride-2 convs (kernel 3, pad 1)
-    tolerance_seconds: float = 0.05    # allowed |decoded - metadata| length; then trimmed/zero-padded
+    # Parakeet 8x = three stride-2 convs (kernel 3, pad 1); ``min``: the loader config accepts 0
+    subsampling_layers: int = field(default=3, metadata={"min": 0})
+    # allowed |decoded - metadata| length; then trimmed/zero-padded
+    tolerance_seconds: float = field(default=0.05, metadata={"min": 0})
     long_audio: Literal["clips", "whole", "truncate"] = "clips"   # audio over clip_seconds (module docs)
 
     def __post_init__(self) -> None:

@@ -30,6 +30,9 @@ from energon_nemotron.types import MediaRef
 
 #: placeholder token strings that must be single tokens of the tokenizer (and never appear in text)
 PLACEHOLDER_TOKENS = ("<img>", "</img>", "<image>", "<so_start>", "<so_embedding>", "<so_end>")
+#: the placeholder tokens the items of each modality are spliced with
+MODALITY_TOKENS = {"image": ("<img>", "<image>", "</img>"), "video": ("<img>", "<image>", "</img>"),
+                   "audio": ("<so_start>", "<so_embedding>", "<so_end>")}
 VIDEO_INTRO = "This is a video:\n"
 #: columns of the media telemetry counter
 MEDIA_COUNTERS = ("image", "video", "audio", "audio_truncated")
@@ -109,21 +112,37 @@ class MediaHandlers:
     #: ``telemetry.SharedCounter`` the loader may replace
     decodes: Any = field(default_factory=lambda: SharedCounter(MEDIA_COUNTERS))
     _ids: Optional[dict] = None
+    #: modality -> the placeholder tokens it needs that the tokenizer lacks (resolved when built)
+    missing_tokens: dict = field(default_factory=dict)
 
-    def ids(self) -> dict[str, int]:
-        """Ids of the placeholder tokens (each must be one token of the vocabulary)."""
-        if self._ids is None:
-            vocab = self.tokenizer.get_vocab()
-            missing = [t for t in PLACEHOLDER_TOKENS if t not in vocab]
-            if missing:
-                raise ConfigError(f"the tokenizer has no single token for {missing}; media placeholders need them")
-            self._ids = {t: vocab[t] for t in PLACEHOLDER_TOKENS}
+    def __post_init__(self) -> None:
+        vocab = self.tokenizer.get_vocab()
+        self._ids = {t: vocab[t] for t in PLACEHOLDER_TOKENS if t in vocab}
+        missing = {kind: [t for t in tokens if t not in self._ids] for kind, tokens in MODALITY_TOKENS.items()}
+        self.missing_tokens = {kind: tokens for kind, tokens in missing.items() if tokens}
+
+    def ids(self, modality: Optional[str] = None) -> dict[str, int]:
+        """Ids of the placeholder tokens (each one token of the vocabulary): those of ``modality``
+        (``image``, ``video``, ``audio``), else of every modality. A tokenizer without them is a
+        ``ConfigError`` (raised by the first item of that modality: a tokenizer for image data
+        need not have the audio tokens)."""
+        kinds = [modality] if modality else list(MODALITY_TOKENS)
+        for kind in kinds:
+            if kind in self.missing_tokens:
+                missing = self.missing_tokens[kind]
+                name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+                has = f", and the data has {kind}" if modality else ""
+                raise ConfigError(
+                    f"tokenizer {name}: no single token for {', '.join(missing)}, which {kind} placeholders "
+                    f"need{has}; add them as special tokens (tokenizer.add_special_tokens("
+                    f"{{'additional_special_tokens': {list(missing)}}}), then tokenizer.save_pretrained(FOLDER)) "
+                    "or use a Nemotron Omni tokenizer")
         return self._ids
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def plan(self, ref: MediaRef, index: int) -> PlannedMedia:
         """Plan one item from its metadata (headers are read when the cooker did not provide them)."""
-        ids = self.ids()
+        ids = self.ids(ref.modality) if ref.modality in MODALITY_TOKENS else {}
         if ref.modality == "image":
             from energon_nemotron.media.image import image_header_size, plan_image
 

@@ -1,9 +1,12 @@
 """Streaming a ``.jsonl.packed`` file of Megatron-LM offline-packed rows, sharded over DP ranks.
 
 The file is read line by line (constant memory in the file size); only this rank's rows are parsed
-and encoded. A row is a non-blank line; rows are numbered from 0, lines from 1. DP rank ``r`` of
-``d`` gets rows ``r, r+d, r+2d, ...``; inside a ``DataLoader`` with workers, worker ``w`` of ``W``
-takes every W-th of those, so the loader's round-robin keeps the order.
+and encoded. A row is a non-blank line; rows are numbered from 0, lines from 1. An epoch reads the
+rows in an order ``o`` (file order; with ``shuffle_seed``, a permutation of all rows seeded with
+``(shuffle_seed, epoch)``, read by byte offset through a ``RowIndex``): DP rank ``r`` of ``d`` gets
+rows ``o[r], o[r+d], o[r+2d], ...``, so every row is read by exactly one rank; inside a
+``DataLoader`` with workers, worker ``w`` of ``W`` takes every W-th of those, so the loader's
+round-robin keeps the order.
 
 Validation mode pads every rank to ``ceil(N/d)`` rows: a rank short of a row repeats row
 ``(r + k*d) mod N`` with an all-zero loss mask and ``is_padding=True``, so all ranks yield the same
@@ -12,7 +15,6 @@ number of batches and each real row is counted exactly once across ranks.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections import Counter
@@ -22,7 +24,10 @@ from typing import Any, Iterator, Optional
 import torch
 
 from energon_nemotron.errors import ConfigError, DataError, SkipCounter
+from energon_nemotron.json_safety import parse_json
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
+from energon_nemotron.megatron_packed.row_order import RowIndex, epoch_order
+from energon_nemotron.skip_limits import record_pass, record_skip
 
 
 class TruncationWarning(UserWarning):
@@ -39,15 +44,10 @@ def _line_list(lines: list[int], limit: int = 20) -> str:
 
 
 def parse_json_line(raw: bytes, where: str) -> Any:
-    """One JSONL line → object; invalid UTF-8 or JSON is a ``DataError`` naming ``where``."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(where, f"invalid UTF-8 at byte {e.start}", "invalid_utf8") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(where, f"invalid JSON: {e.msg} (column {e.colno})", "invalid_json") from None
+    """One JSONL line → object, checked by ``json_safety.parse_json``: invalid UTF-8 or JSON,
+    nesting over ``MAX_JSON_DEPTH`` (before parsing), a NUL character or lone surrogate in a string
+    are ``DataError``s naming ``where``."""
+    return parse_json(raw, where)
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, int, bytes]]:
@@ -69,7 +69,11 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         dp_rank, dp_size: this rank and the data-parallel world size.
         validation: pad ranks to equal length (see the module docstring).
         on_error: ``raise`` (a ``DataError`` naming file and line) or ``skip`` (the row is dropped and
-            counted by reason in ``skips``, a ``SkipCounter`` shared with the workers).
+            counted by reason in ``skips``, a ``SkipCounter`` shared with the workers; its skip
+            limits stop a run that only skips, see ``energon_nemotron.skip_limits``).
+        shuffle_seed: None (file order) or the seed of a full per-epoch permutation of the rows
+            (training only; validation always reads in file order). ``epoch`` (attribute, default
+            0) selects the permutation; one iteration reads one epoch.
 
     Yields ``encoder.encode`` dicts with ``is_padding`` and ``position`` (worker id, items of the
     worker's stream consumed) added; batch them with ``collate_rows``. Setting
@@ -81,7 +85,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, path: str | Path, encoder: MegatronSFTPackedEncoder, dp_rank: int = 0,
                  dp_size: int = 1, validation: bool = False, on_error: str = "raise",
-                 skips: Optional[Any] = None) -> None:
+                 skips: Optional[Any] = None, shuffle_seed: Optional[int] = None) -> None:
         super().__init__()
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise ConfigError(f"invalid dp_rank={dp_rank} / dp_size={dp_size}")
@@ -96,6 +100,12 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.on_error = on_error
         self.skips = skips or SkipCounter()
+        if validation and shuffle_seed is not None:
+            raise ConfigError("validation rows are read in file order; shuffle_seed applies to training only")
+        self.shuffle_seed = shuffle_seed
+        self.epoch = 0
+        self._index: Optional[RowIndex] = None
+        self._order: tuple = ()
         self.resume_positions: dict[int, int] = {}
         #: after a restore, DataLoader worker w plays stream w + worker_offset, so that the stream
         #: due next comes first (the DataLoader's round-robin always starts at worker 0)
@@ -105,9 +115,26 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
 
     def num_rows(self) -> int:
         """Rows (non-blank lines) in the file; one streamed pass, cached."""
+        if self._index is not None:
+            return len(self.row_index())
         if self._num_rows is None:
             self._num_rows = sum(1 for _ in iter_jsonl(self.path))
         return self._num_rows
+
+    def row_index(self) -> RowIndex:
+        """The rows' byte offsets (one streamed pass; cached, rebuilt if the file changed). Built
+        before the workers start, they inherit it."""
+        if self._index is None or self._index.stale():
+            self._index = RowIndex(self.path)
+            self._num_rows = len(self._index)
+        return self._index
+
+    def _epoch_order(self, n: int):
+        """This epoch's reading order of the ``n`` rows (int64 [n]), cached per (seed, epoch)."""
+        key = (n, self.shuffle_seed, self.epoch)
+        if self._order[:3] != key:
+            self._order = (*key, epoch_order(n, self.shuffle_seed, self.epoch))
+        return self._order[3]
 
     def __len__(self) -> int:
         n = self.num_rows()
@@ -129,14 +156,34 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         except DataError as e:
             raise e.located(where) from None
 
-    def _items(self, first: int, step: int) -> Iterator[tuple[int, bytes, bool]]:
-        """(line number, raw line, is padding) of this worker's rows, then its padding rows."""
+    def _items(self, first: int, step: int, start: int) -> Iterator[tuple[int, int, bytes, bool]]:
+        """(position, line number, raw line, is padding) of this worker's rows, then its padding
+        rows, after its first ``start`` items; position counts items from 1."""
+        if self.shuffle_seed is not None:
+            yield from self._shuffled_items(first, step, start)
+            return
+        for position, (line_no, raw, padding) in enumerate(self._file_order_items(first, step), 1):
+            if position > start:
+                yield position, line_no, raw, padding
+
+    def _file_order_items(self, first: int, step: int) -> Iterator[tuple[int, bytes, bool]]:
+        """(line number, raw line, is padding) of this worker's rows in file order, streamed, then
+        its padding rows."""
         for row, line_no, raw in iter_jsonl(self.path):
             if row >= first and (row - first) % step == 0:
                 yield line_no, raw, False
         if self.validation:
             for line_no, raw in self._padding_rows(first, step):
                 yield line_no, raw, True
+
+    def _shuffled_items(self, first: int, step: int, start: int) -> Iterator[tuple[int, int, bytes, bool]]:
+        """``_items`` in this epoch's order: rows ``order[first + k*step]``, read by offset."""
+        index = self.row_index()
+        order = self._epoch_order(len(index))
+        with open(self.path, "rb") as f:
+            for position, k in enumerate(range(first + start * step, len(index), step), start + 1):
+                line_no, raw = index.read(f, int(order[k]))
+                yield position, line_no, raw, False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         wid, first, step = self._mine()
@@ -145,17 +192,16 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         skipped: Counter = Counter()
         rows = 0
         start = self.resume_positions.get(wid, 0)
-        for position, (line_no, raw, padding) in enumerate(self._items(first, step), 1):
-            if position <= start:
-                continue
+        for position, line_no, raw, padding in self._items(first, step, start):
             try:
                 out = self._encode(raw, line_no)
             except DataError as e:
                 if self.on_error == "raise":
                     raise
                 skipped[e.code] += 1
-                self.skips.add(e.code)
+                record_skip(self.skips, e.code, str(e))
                 continue
+            record_pass(self.skips)
             if padding:
                 out["loss_mask"] = torch.zeros_like(out["loss_mask"])
             else:

@@ -22,6 +22,7 @@ import torch
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.megatron_packed.conversation import row_messages, split_conversations
 from energon_nemotron.megatron_packed.sft_tokenizer import SFTConversationTokenizer, TokenizedConversation
+from energon_nemotron.tokenization.reserved import ReservedTokens
 from energon_nemotron.types import IGNORE_INDEX
 
 
@@ -31,6 +32,28 @@ def _usable(tc: TokenizedConversation, where: Optional[str]) -> tuple[np.ndarray
     if tokens.shape[0] == 0:
         raise DataError(where, "the conversation renders to no tokens", "empty_conversation")
     return tokens, targets
+
+
+def check_reserved(reserved: ReservedTokens, conversation: list[dict], tokens: np.ndarray,
+                   where: Optional[str]) -> None:
+    """A media placeholder token (``<image>``, ``<so_embedding>``, ... where the tokenizer has it, as
+    a Nemotron Omni tokenizer does) in a text-only row is a ``DataError`` (``reserved_tag``): the
+    model would look for media embeddings the row does not have. The message texts are checked
+    (naming the message), then the conversation's ``tokens`` (int64 [n]): the final word, whatever
+    the prompt format or chat template rendered."""
+    if not reserved.ids:
+        return
+    for i, m in enumerate(conversation):
+        tag = reserved.find_in_text(m["content"])
+        if tag is not None:
+            raise DataError(where, f"message {i} ({m['role']}) contains the reserved media tag {tag}: this "
+                                   "tokenizer makes it a media placeholder token, which a text-only row cannot "
+                                   "fill; remove it from the text", "reserved_tag")
+    j = reserved.find_in_ids(tokens)
+    if j is not None:
+        raise DataError(where, f"token {j} of the rendered conversation is the media placeholder "
+                               f"{reserved.ids[int(tokens[j])]} (prompt format or chat template output), which a "
+                               "text-only row cannot fill", "reserved_tag")
 
 
 def cp_granularity(context_parallel_size: int) -> int:
@@ -72,6 +95,14 @@ class MegatronSFTPackedEncoder:
         self.tokenizer = self.sft.tokenizer
         self.prompt_format = prompt_format
         self.pad_id = self.sft.pad_id
+        self.reserved = ReservedTokens(self.tokenizer)
+
+    def _tokens(self, tc: TokenizedConversation, conversation: list[dict], where: Optional[str]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, targets) of a conversation that is used: ``_usable``, and no media placeholder."""
+        tokens, targets = _usable(tc, where)
+        check_reserved(self.reserved, conversation, tokens, where)
+        return tokens, targets
 
     def conversations(self, row: Any, where: Optional[str] = None) -> list[list[dict]]:
         """The validated conversations of a row."""
@@ -82,8 +113,8 @@ class MegatronSFTPackedEncoder:
         (``DataError`` naming ``wheres[i]`` for a conversation that cannot be encoded)."""
         g = cp_granularity(self.context_parallel_size)
         costs = []
-        for tc, where in zip(self.sft.tokenize(conversations, wheres), wheres):
-            n = int(_usable(tc, where)[0].shape[0])
+        for tc, conv, where in zip(self.sft.tokenize(conversations, wheres), conversations, wheres):
+            n = int(self._tokens(tc, conv, where)[0].shape[0])
             costs.append(n + (-n % g))
         return costs
 
@@ -118,7 +149,7 @@ class MegatronSFTPackedEncoder:
             if n >= L:                  # exactly full: Megatron-LM appends the next conversation and
                 truncated = True        # truncates it away entirely, leaving [..., L, L] -> [..., L]
                 break
-            tokens, targets = _usable(tc, wheres[ci])
+            tokens, targets = self._tokens(tc, convs[ci], wheres[ci])
             m = int(tokens.shape[0])
             end = n + m + (-m % g)      # with its CP pad: the pack stays a multiple of 2*CP
             take = min(end, cap) - n

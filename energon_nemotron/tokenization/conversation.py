@@ -5,6 +5,8 @@ character spans. The text between markers is tokenized piece by piece in one cal
 tokenizer (with offsets), so nothing merges across a media reference, and each marker is replaced
 by its media item's placeholder ids (never trained). The spans become per-token flags through the
 offsets; where a format is strict, a span boundary inside a token is an error, not a guess.
+Text never yields a placeholder id: the messages' texts are checked before rendering and the ids of
+every piece after tokenization (``tokenization.reserved``; ``reserved_tag``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import numpy as np
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.tokenization.formats import Rendered, get_prompt_format, render_preformatted
 from energon_nemotron.tokenization.loading import load_tokenizer
+from energon_nemotron.tokenization.reserved import PLACEHOLDER_TOKENS, ReservedTokens
 from energon_nemotron.types import MEDIA_MARKER, Message
 
 #: strings that would forge a media placeholder (or the marker) if they appeared in text
-RESERVED = (MEDIA_MARKER, "<img>", "</img>", "<image>", "<so_start>", "<so_embedding>", "<so_end>")
+RESERVED = (MEDIA_MARKER, *PLACEHOLDER_TOKENS)
 
 
 class NoTrainableTokensError(DataError):
@@ -72,20 +75,36 @@ class ConversationTokenizer:
             raise ConfigError("the Energon path needs a fast (Rust-backed) Hugging Face tokenizer for offsets")
         self.format = get_prompt_format(prompt_format, self.tokenizer)
         self.prompt_format = prompt_format
-        vocab = self.tokenizer.get_vocab()
         # a reserved string only forges a placeholder where the tokenizer makes it a single token
-        self.reserved = [t for t in RESERVED if t == MEDIA_MARKER or t in vocab]
+        self.reserved_tokens = ReservedTokens(self.tokenizer)
+        self.reserved = [MEDIA_MARKER, *self.reserved_tokens.strings]
 
     def check_text(self, messages: list[Message], key: str) -> None:
-        """No text part may contain the media marker or a placeholder token such as ``<image>``."""
+        """No text of a message (content parts, reasoning) may contain the media marker or a
+        placeholder token such as ``<image>`` (``reserved_tag``, naming the message and field)."""
         for i, m in enumerate(messages):
-            for part in m.content:
-                if isinstance(part, str):
-                    for tag in self.reserved:
-                        if tag in part:
-                            shown = "U+E000 (the media marker)" if tag == MEDIA_MARKER else tag
-                            raise DataError(key, f"message {i} ({m.role}) contains the reserved media tag "
-                                                 f"{shown} in its text; media must be referenced as media items", "reserved_tag")
+            texts = [("text", p) for p in m.content if isinstance(p, str)]
+            if m.reasoning is not None:
+                texts.append(("reasoning_content", m.reasoning))
+            for field_name, text in texts:
+                tag = self.reserved_tokens.find_in_text(text, (MEDIA_MARKER,))
+                if tag is not None:
+                    shown = "U+E000 (the media marker)" if tag == MEDIA_MARKER else tag
+                    raise DataError(key, f"message {i} ({m.role}) contains the reserved media tag {shown} in "
+                                         f"its {field_name}; media must be referenced as media items", "reserved_tag")
+
+    def check_ids(self, enc: Any, offset: int, text: str, key: str) -> None:
+        """The final word: no token of a text piece (its encoding ``enc``, starting at character
+        ``offset`` of the rendered ``text``) may be a media placeholder, whatever produced it (a
+        prompt format, a chat template, preformatted text)."""
+        j = self.reserved_tokens.find_in_ids(enc.ids)
+        if j is None:
+            return
+        c = offset + enc.offsets[j][0]
+        token = self.reserved_tokens.ids[enc.ids[j]]
+        raise DataError(key, f"the rendered text forms the media placeholder token {token} at character {c} "
+                             f"({text[max(0, c - 20):c + len(token) + 20]!r}) without a media item (prompt format "
+                             f"{self.prompt_format!r}); media must be referenced as media items", "reserved_tag")
 
     def render(self, messages: list[Message], key: str, preformatted: bool = False,
                last_only: bool = False) -> Rendered:
@@ -125,6 +144,7 @@ class ConversationTokenizer:
             for k, (piece, enc) in enumerate(zip(pieces, encs)):
                 local = [(max(a, start) - start, min(b, start + len(piece)) - start) for a, b in r.spans
                          if a < start + len(piece) and b > start]
+                self.check_ids(enc, start, r.text, key)
                 flags, bad = piece_flags(enc, local, len(piece), r.strict)
                 if bad is not None:
                     c = start + bad

@@ -184,7 +184,10 @@ class TokenizerTemplateFormat(PromptFormat):
         super().__init__(tokenizer)
         template = getattr(tokenizer, "chat_template", None)
         if not template or not isinstance(template, str):
-            raise ConfigError("prompt_format 'tokenizer' needs a tokenizer with a (single) chat template")
+            raise ConfigError(f"prompt_format 'tokenizer' uses the tokenizer's chat template, and tokenizer "
+                              f"{getattr(tokenizer, 'name_or_path', '') or '(object)'} has none (or several): add "
+                              "chat_template.jinja to its folder, or set task_encoder.options.prompt_format to a "
+                              f"named format ({', '.join(n for n in PROMPT_FORMATS.names() if n != 'tokenizer')})")
         self.template = template
         self.has_markers = bool(GENERATION_RE.search(template))
 

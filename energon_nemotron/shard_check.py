@@ -1,0 +1,266 @@
+"""Shards and indexes of prepared Energon datasets: a cheap cross-check at start, clear errors at read.
+
+``energon prepare`` writes per shard ``NAME.tar.idx``: ``count + 1`` little-endian uint64 byte
+offsets (each sample's first tar header, then the end of the last sample), and the per-shard
+``count`` into ``.nv-meta/.info.json``; a ``.jsonl`` gets ``NAME.jsonl.idx`` (each line's offset,
+then the file size). Energon trusts both: a raised count reads past the index, a lowered one drops
+the shard's last samples without a word, a deleted or cut shard fails with a raw traceback.
+
+:func:`leaf_problems` checks, per shard of the split, with a stat and one small read of the index
+(never the samples): the shard exists and is not empty; its index exists, lists exactly the
+``.info`` count, and its offsets are ordered tar blocks that fit the shard's size (a shard cut short
+ends before its index does). :func:`guard_reads` wraps Energon's sample readers so that what is
+found only while reading (a damaged tar header inside a shard) is a ``DatasetError`` naming the shard,
+the sample's position and key, what is wrong and the fix, raised in the worker and re-raised intact
+in the parent, under every ``on_error`` (``ErrorPolicy`` never counts it as a skip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any, Optional
+
+from energon_nemotron.errors import DatasetError
+
+BLOCK = 512
+
+
+def _offsets(idx: Any, *positions: int) -> list[int]:
+    """The uint64 entries of an index file at ``positions``."""
+    fd = os.open(idx, os.O_RDONLY)
+    try:
+        return [struct.unpack("<Q", os.pread(fd, 8, 8 * i))[0] for i in positions]
+    finally:
+        os.close(fd)
+
+
+def _header_ok(block: bytes) -> bool:
+    """Whether ``block`` is a tar header with a valid checksum (unsigned or signed, as ``tarfile``
+    accepts it); an all-zero block (the end of an archive) is not."""
+    if len(block) != BLOCK:
+        return False
+    try:
+        stored = int(block[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return False
+    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
+    return stored == unsigned or stored == unsigned - 256 * sum(b > 127 for b in block[:148] + block[156:])
+
+
+def header_problem(shard: Any, offset: int) -> Optional[str]:
+    """Why the 512 bytes at ``offset`` of ``shard`` are not a tar header (None: they are one)."""
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        block = os.pread(fd, BLOCK, offset)
+    finally:
+        os.close(fd)
+    return None if _header_ok(block) else f"no valid tar header at byte {offset}"
+
+
+def shard_problem(shard: Any, count: int, info: str = ".info.json") -> Optional[str]:
+    """What is wrong with a shard (a path) and its ``.tar.idx`` against the ``count`` of ``info``
+    (None: nothing found). O(1) per shard: a stat of the shard, the index's size and three of its
+    offsets (the samples' first, last and end); the samples themselves are not read."""
+    name = os.fspath(shard)
+    try:
+        size = os.stat(name).st_size
+    except FileNotFoundError:
+        return f"{name}: the shard is missing ({info} counts {count} samples in it)"
+    if size == 0:
+        return f"{name}: the shard is empty (0 bytes; {info} counts {count} samples in it)"
+    idx_name = os.path.basename(name) + ".idx"
+    try:
+        fd = os.open(name + ".idx", os.O_RDONLY)
+    except FileNotFoundError:
+        return f"{name}: its index {idx_name} is missing"
+    try:
+        entries, rest = divmod(os.fstat(fd).st_size, 8)
+        if rest or entries == 0:
+            return f"{name}: its index {idx_name} is damaged ({entries * 8 + rest} bytes: not count + 1 offsets)"
+        if entries - 1 != count:
+            what = ("the last " + str(entries - 1 - count) + " samples would be dropped") if entries - 1 > count \
+                else "reading would run past the index"
+            return f"{name}: {info} counts {count} samples but the index {idx_name} lists {entries - 1} ({what})"
+        if count == 0:
+            return None
+        first, = struct.unpack("<Q", os.pread(fd, 8, 0))
+        last, end = struct.unpack("<QQ", os.pread(fd, 16, 8 * (count - 1)))
+    finally:
+        os.close(fd)
+    ordered = not (first % BLOCK or last % BLOCK or end % BLOCK) and first <= last < end
+    if ordered and end > size:
+        return f"{name}: the shard is truncated ({size} bytes, its index says the samples end at byte {end})"
+    if not ordered or end - first < BLOCK * count:
+        return f"{name}: its index {idx_name} is damaged (offsets {first}, {last}, {end} do not fit a tar " \
+               f"of {size} bytes with {count} samples)"
+    return None
+
+
+def jsonl_problem(path: Path) -> Optional[str]:
+    """What is wrong with a ``.jsonl`` against its ``.jsonl.idx`` (None: nothing found)."""
+    idx = path.with_name(path.name + ".idx")
+    try:
+        entries, rest = divmod(idx.stat().st_size, 8)
+    except FileNotFoundError:
+        return f"{path}: its index {idx.name} is missing (the file is not prepared)"
+    if rest or entries < 2:
+        return f"{path}: its index {idx.name} is damaged ({entries * 8 + rest} bytes)"
+    first, end = _offsets(idx, 0, entries - 1)
+    size = path.stat().st_size
+    if first != 0 or end != size:
+        return f"{path}: the file has {size} bytes but its index {idx.name} covers bytes {first}..{end}: " \
+               "the file changed after `energon prepare`"
+    return None
+
+
+def _info_counts(meta: Path) -> tuple[str, dict]:
+    """(name of the .info file, its shard_counts)."""
+    from energon_nemotron.dataset_check import load_yaml_file
+
+    if (meta / ".info.json").is_file():
+        return ".info.json", json.loads((meta / ".info.json").read_text())["shard_counts"]
+    return ".info.yaml", load_yaml_file(meta / ".info.yaml")["shard_counts"]
+
+
+def split_shards(leaf: Any) -> tuple[str, list[tuple[str, int]]]:
+    """(info file name, [(shard name, count)]) of a prepared folder's split, as Energon selects them:
+    the split file's names brace-expanded, minus ``exclude``. Raises ``DatasetError``."""
+    import braceexpand
+
+    from energon_nemotron.dataset_check import load_yaml_file
+
+    meta = Path(leaf.path) / ".nv-meta"
+    try:
+        info, counts = _info_counts(meta)
+    except Exception as e:
+        raise DatasetError(f"{meta}: the .info file cannot be read ({type(e).__name__}: {e})") from None
+    name = leaf.split_config
+    file = meta / name if (meta / name).is_file() or name != "split.yaml" else meta / "split.json"
+    try:
+        splits = json.loads(file.read_text()) if file.suffix == ".json" else load_yaml_file(file)
+        parts, exclude = splits["split_parts"], splits.get("exclude") or []
+    except Exception as e:
+        raise DatasetError(f"{file}: the split file cannot be read ({type(e).__name__}: {e})") from None
+    if leaf.split not in parts:
+        raise DatasetError(f"{file}: no split part {leaf.split!r} (parts: {', '.join(parts)}); set the data "
+                           "source's split")
+    excluded = {n for e in exclude for n in braceexpand.braceexpand(e)}
+    names = [n for pattern in parts[leaf.split] or [] for n in braceexpand.braceexpand(pattern) if n not in excluded]
+    missing = [n for n in names if n not in counts]
+    if missing:
+        raise DatasetError(f"{file} lists shards that {meta / info} does not count: {', '.join(missing[:5])}")
+    return info, [(n, counts[n]) for n in names]
+
+
+def leaf_problems(leaf: Any) -> list[str]:
+    """Every problem found in a leaf's shards (or ``.jsonl``) and indexes."""
+    if leaf.kind == "jsonl":
+        problem = jsonl_problem(Path(leaf.path))
+        return [problem] if problem else []
+    try:
+        info, shards = split_shards(leaf)
+    except DatasetError as e:
+        return [str(e)]
+    root = os.path.join(os.fspath(leaf.path), "")
+    found = (shard_problem(root + name, count, info) for name, count in shards)
+    return [p for p in found if p]
+
+
+def _sample_key(dataset: Path, shard_name: str, position: int) -> Optional[str]:
+    """The key of the ``position``-th sample of a shard, from ``index.sqlite`` (None if unknown)."""
+    import sqlite3
+
+    try:
+        _, counts = _info_counts(dataset / ".nv-meta")
+        uri = (dataset / ".nv-meta" / "index.sqlite").resolve().as_uri() + "?mode=ro"
+        with sqlite3.connect(uri, uri=True) as db:
+            row = db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
+                             (list(counts).index(shard_name), position)).fetchone()
+        return row[0] if row else None
+    except Exception:
+        return None
+
+
+def read_failure(reader: Any, index: int, exc: BaseException) -> str:
+    """The message for a sample that Energon's ``reader`` could not read at global ``index``."""
+    cause = f"{type(exc).__name__}: {exc}"
+    fix = "restore the shard if it is damaged, then re-run `energon prepare {}`"
+    if hasattr(reader, "shard_count_cumsum") and hasattr(reader, "shard_infos"):
+        at = bisect_right(reader.shard_count_cumsum, index) - 1
+        if 0 <= at < len(reader.shard_infos):
+            shard = reader.shard_infos[at]
+            path, position = Path(str(shard.path)), index - reader.shard_count_cumsum[at]
+            dataset = Path(str(reader.base_path))
+            key = _sample_key(dataset, shard.name, position)
+            found = shard_problem(path, shard.count)
+            if found is None:
+                try:
+                    offset = _offsets(path.with_name(path.name + ".idx"), position)[0]
+                    found = header_problem(path, offset)
+                except Exception:
+                    found = None
+            detail = found.removeprefix(f"{path}: ") if found else cause
+            return (f"{path}: sample {position} of the shard" + (f" (key {key!r})" if key else "")
+                    + f" cannot be read: {detail}. The shard or its index is damaged: {fix.format(dataset)}")
+    jsonl = getattr(reader, "jsonl_path", None)
+    if jsonl is not None:
+        return f"{jsonl}: sample {index} cannot be read ({cause}); re-run `energon prepare {jsonl}`"
+    return f"{reader}: sample {index} cannot be read ({cause}); {fix.format('DATASET')}"
+
+
+class GuardedReader:
+    """An Energon sample reader (``ShardInfosITarReader``, ``IJsonlReader``, ...) whose read errors
+    become a :class:`DatasetError` (see :func:`read_failure`); everything else is delegated."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "reader":                       # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.reader, name)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __repr__(self) -> str:
+        return repr(self.reader)
+
+    def __str__(self) -> str:
+        return str(self.reader)
+
+    def __getitem__(self, index: Any) -> Any:
+        try:
+            return self.reader[index]
+        except (DatasetError, MemoryError):
+            raise
+        except Exception as e:
+            try:
+                message = read_failure(self.reader, index, e)
+            except Exception:                      # the diagnosis itself failed: the plain cause
+                message = f"{self.reader}: sample {index} cannot be read ({type(e).__name__}: {e}); the " \
+                          "dataset is damaged: re-run `energon prepare`"
+            raise DatasetError(message) from e
+
+
+def guard_reads(dataset: Any) -> int:
+    """Wrap the sample readers of every Energon sample-loading dataset below ``dataset`` (a built
+    ``SavableDataset`` tree) in :class:`GuardedReader`; returns how many were wrapped."""
+    wrapped, seen, stack = 0, set(), [dataset]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        readers = getattr(node, "join_readers", None)
+        if isinstance(readers, list):
+            for i, reader in enumerate(readers):
+                if not isinstance(reader, GuardedReader):
+                    readers[i] = GuardedReader(reader)
+                    wrapped += 1
+        stack.extend(getattr(node, "datasets", None) or ())
+    return wrapped
