@@ -66,17 +66,19 @@ $(MCORE_STAMP): | $(STAMP)
 demo: install
 	$(BIN)/energon-nemotron demo
 
-# The default run (not slow), then the slow tests.
+# The default run (not slow), then the slow tests; two pytest processes, each taking whole files
+# (the tests wait on worker processes much of the time, so two share the machine's cores well).
+PYTEST_PARALLEL ?= -n 2 --dist loadfile
 test: install references
-	$(BIN)/python -m pytest -q
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_PARALLEL)
 	$(MAKE) test-compat COMPAT_TESTS="$(COMPAT_IN_TEST)"
 
 test-compat: install references $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import transformers, tokenizers, numpy, PIL, av, pydantic; print('compat:', \
 	    'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'numpy', numpy.__version__, \
 	    'pillow', PIL.__version__, 'av', av.__version__, 'pydantic', pydantic.VERSION)"
-	$(COMPAT_VENV)/bin/python -m pytest -q -m "not slow and not omni_reference" $(COMPAT_TESTS)
+	$(COMPAT_VENV)/bin/python -m pytest -q -m "not slow and not omni_reference" $(PYTEST_PARALLEL) $(COMPAT_TESTS)
 
 test-fast: install references
 	$(BIN)/python -m pytest -q -x

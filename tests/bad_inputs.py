@@ -220,7 +220,8 @@ def skip_dataset(folder: Path, is_bad, n: int = 400, per_shard: int = 50) -> Pat
 def decode_time_bad_dataset(folder: Path, n: int = 250, per_shard: int = 50) -> Path:
     """A prepared dataset whose every sample has a JPEG that fails only when decoded, after packing
     (``decode_time_bad_jpeg``)."""
-    samples = [(f"late-{i:03d}", {"json": conv("<image> what?"), "jpg": decode_time_bad_jpeg(i)}) for i in range(n)]
+    jpg = decode_time_bad_jpeg(0)
+    samples = [(f"late-{i:03d}", {"json": conv("<image> what?"), "jpg": jpg}) for i in range(n)]
     write_shards(folder, samples, per_shard)
     return prepare(folder, {"cooker": "general_conversations"})
 
