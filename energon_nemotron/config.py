@@ -5,7 +5,7 @@ tokenizer: PATH                      # a Hugging Face tokenizer directory
 task_encoder: {name: nemotron_multimodal, options: {prompt_format: tokenizer, seq_length: 4096}}
 packing: {algorithm: best_fit_decreasing, buffer_size: 256, pad_multiple: 1, max_sequences_per_bin: null,
           max_media_patches_per_pack: null}
-data: {train: {path: DATASET_DIR, split: train}, validation: null, default_cooker: null}
+data: {train: {path: DATASET_DIR, split: train}, validation: null, default_cooker: null, media_roots: null}
 loader: {batch_size: 1, num_workers: 2, shuffle_buffer_size: 1000, seed: 1234}
 ```
 
@@ -124,6 +124,9 @@ class DataConfig(StrictModel):
     train: Source
     validation: Optional[Source] = None
     default_cooker: Optional[str] = None
+    #: folders that media paths in samples may also name (besides the dataset folder): a relative
+    #: path is tried against the dataset folder, then each root in order (``cookers.media``)
+    media_roots: Optional[list[Path]] = None
 
     @field_validator("train", "validation", mode="before")
     @classmethod
@@ -150,6 +153,17 @@ def check_source_path(src: Source, field: str) -> None:
                           f"folder); {prepare}")
     if path.suffix == ".jsonl" and not path.with_name(path.name + ".idx").is_file():
         raise ConfigError(f"{field}.path: {str(path)!r} is not prepared (no {path.name}.idx beside it); {prepare}")
+
+
+def check_media_roots(data: DataConfig) -> None:
+    """``ConfigError`` naming ``data.media_roots[i]`` unless every media root is an existing folder
+    (checked when a loader or task encoder is built)."""
+    for i, root in enumerate(data.media_roots or ()):
+        path = Path(root)
+        if not path.is_dir():
+            what = "is a file, not a folder" if path.exists() else "does not exist"
+            raise ConfigError(f"data.media_roots[{i}]: {str(path)!r} {what}; a media root is a folder that media "
+                              "paths in samples may name (relative paths resolve against the config's folder)")
 
 
 class TaskEncoderConfig(StrictModel):
@@ -211,6 +225,8 @@ class LoaderConfig(StrictModel):
             src = getattr(out.data, name)
             if src is not None:
                 src.path = fix(src.path)
+        if out.data.media_roots is not None:
+            out.data.media_roots = [fix(p) for p in out.data.media_roots]
         return out
 
 

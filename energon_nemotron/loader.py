@@ -22,7 +22,15 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, check_source_path, load_config
+from energon_nemotron.config import (
+    EnergonSource,
+    LoaderConfig,
+    MegatronSource,
+    check_media_roots,
+    check_source_path,
+    load_config,
+)
+from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS
 from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
 from energon_nemotron.media.handlers import MEDIA_COUNTERS
 from energon_nemotron.skip_limits import apply_limits
@@ -51,8 +59,10 @@ def build_task_encoder(config: ConfigLike):
         options = cls.Options(**cfg.task_encoder.options)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, "task_encoder.options")) from None
+    check_media_roots(cfg.data)
+    roots = {"media_roots": cfg.data.media_roots} if cfg.data.media_roots else {}
     return cls(cfg.tokenizer, options, packing=cfg.packing, default_cooker=cfg.data.default_cooker,
-               seed=cfg.loader.seed)
+               seed=cfg.loader.seed, **roots)
 
 
 def _worker_config(cfg: LoaderConfig, encoder: Any):
@@ -84,7 +94,7 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, s
 
 
 def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, repeat: bool,
-                    skips: SharedCounter, decodes: SharedCounter) -> Iterable:
+                    skips: SharedCounter, decodes: SharedCounter, lookups: SharedCounter) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
     from energon_nemotron.dataset_check import check_source
@@ -98,6 +108,7 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                           "PackedBatch (convert with energon_nemotron.integrations.megatron_bridge)")
     encoder.skipped_counts = skips
     encoder.media.decodes = decodes
+    encoder.media_lookups = lookups
     if cfg.loader.on_error == "skip":
         encoder.__default_failure_tolerance__ = 0      # skipping never turns into a fatal error
     common = dict(worker_config=_worker_config(cfg, encoder), batch_size=cfg.loader.batch_size,
@@ -147,8 +158,9 @@ def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
         stats = LoaderStats(skips, None, pad_id=inner.dataset.encoder.pad_id, log_every=cfg.loader.log_every)
         return Loader(inner, fp, stats, rows=True)
     decodes = SharedCounter(MEDIA_COUNTERS, cfg.loader.num_workers)
-    inner = _energon_loader(cfg, src, validation, repeat, skips, decodes)
-    return Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every))
+    lookups = SharedCounter(LOOKUP_COUNTERS, cfg.loader.num_workers)
+    inner = _energon_loader(cfg, src, validation, repeat, skips, decodes, lookups)
+    return Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every, lookups=lookups))
 
 
 class Loader:
@@ -233,8 +245,9 @@ class Loader:
 def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
     """Everything that changes the stream of batches: data (paths, split, and per file that shapes an
     Energon source a ``"{split} file {path}"`` sha256: metadataset YAMLs, each dataset's dataset.yaml,
-    split.yaml, .info, index.uuid or .jsonl.idx), cookers, task encoder and options, packing,
-    tokenizer files, loader settings, rank layout, seed, library version."""
+    split.yaml, .info, index.uuid or .jsonl.idx), the media roots (when set: they change which files
+    are read), cookers, task encoder and options, packing, tokenizer files, loader settings, rank
+    layout, seed, library version."""
     from energon_nemotron import __version__
     from energon_nemotron.dataset_check import stream_digests
     from energon_nemotron.registry import COOKERS
@@ -258,6 +271,8 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
         "split": split, "repeat": repeat,
         "train": source(cfg.data.train), "validation": source(cfg.data.validation),
         "default_cooker": cfg.data.default_cooker, "cookers": COOKERS.names(),
+        # only when set, so that states saved without roots keep their fingerprint
+        **({"media_roots": [str(Path(p).resolve()) for p in cfg.data.media_roots]} if cfg.data.media_roots else {}),
         "task_encoder": cfg.task_encoder.model_dump(mode="json"),
         "packing": cfg.packing.model_dump(mode="json") if cfg.packing else None,
         "tokenizer": file_digest(*tok.glob("*")) if tok.is_dir() else str(tok),

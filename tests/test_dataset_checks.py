@@ -146,7 +146,7 @@ def test_metadataset_naming_a_missing_dataset(prepared, tmp_path):
 
 SUBFLAVOR_CASES = [
     ({"train_only_on_last_asistant_turn": True},
-     r"unknown subflavor 'train_only_on_last_asistant_turn' .*valid keys: cooker, skip_chat_template, "
+     r"unknown subflavor 'train_only_on_last_asistant_turn' .*valid keys: cooker, media_source, skip_chat_template, "
      r"train_only_on_last_assistant_turn; did you mean 'train_only_on_last_assistant_turn'\?"),
     ({"skip_chat_template": "true"}, r"subflavor 'skip_chat_template' .*must be true or false, got 'true' \(str\)"),
     ({"cooker": "openai_message"}, r"subflavor cooker: 'openai_message' .*no registered cooker.*did you mean "
@@ -189,7 +189,8 @@ def test_declared_subflavor_keys_per_cooker():
     from energon_nemotron.dataset_check import Leaf, subflavor_problems
     from energon_nemotron.registry import COOKERS
 
-    assert subflavor_keys("granary_asr") == {"cooker": str, "skip_chat_template": bool, "asr_prompt": str}
+    assert subflavor_keys("granary_asr") == {"cooker": str, "skip_chat_template": bool, "media_source": str,
+                                             "asr_prompt": str}
     assert all(subflavor_keys(c)["train_only_on_last_assistant_turn"] is bool for c in COOKERS.names()
                if c != "granary_asr")
     asr = Leaf(Path("/data/asr"), "webdataset", "train", {"cooker": "granary_asr", "asr_prompt": "Say it."})

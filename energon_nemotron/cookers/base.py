@@ -94,7 +94,8 @@ def apply_last_turn_only(messages: list[Message]) -> None:
 
 #: Subflavor keys that every cooker reads: name -> type. Keys of the form ``__name__`` are Energon's
 #: own (e.g. ``__subflavor__``) and always allowed.
-COMMON_SUBFLAVORS: dict[str, type] = {"cooker": str, "skip_chat_template": bool}
+#: ``media_source`` names the aux source holding a dataset's media (``cookers.media_sources``).
+COMMON_SUBFLAVORS: dict[str, type] = {"cooker": str, "skip_chat_template": bool, "media_source": str}
 #: The subflavor keys each registered cooker reads (``COMMON_SUBFLAVORS`` included), by cooker name;
 #: filled by :func:`register`. The loader rejects any other key, and values of another type, at start.
 COOKER_SUBFLAVORS: dict[str, dict[str, type]] = {}

@@ -1,15 +1,24 @@
-"""Finding a sample's media for the cookers: WebDataset members or paths relative to the dataset.
+"""Finding a sample's media for the cookers: WebDataset members, or paths found in the dataset
+folder, the media roots (``data.media_roots``) or the Energon aux source bound to the dataset
+(``cookers.media_sources``).
 
-Nothing is decoded here: a ``MediaRef`` holds the member's bytes or the file path, and the task
-encoder reads headers (phase 1) and decodes (phase 2) later.
+Nothing is decoded here: a ``MediaRef`` holds the member's bytes, the file path or a lazy aux
+entry, and the task encoder reads headers (phase 1) and decodes (phase 2) later.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
+from energon_nemotron.cookers.media_sources import (
+    MEDIA_SOURCE_SUBFLAVOR,
+    aux_media,
+    bound_source,
+    current_scope,
+    within,
+)
 from energon_nemotron.errors import DataError
 from energon_nemotron.types import MediaPart, MediaRef
 
@@ -73,18 +82,49 @@ def check_path_length(value: str, modality: str, where: str) -> None:
 
 
 def path_media(sample: dict, value: Any, modality: str, where: str) -> MediaRef:
-    """A media file named by a path relative to the dataset folder; a path that is too long
-    (``check_path_length``), escapes the folder or does not exist is an error."""
+    """A media file named by a path (``path_too_long`` is checked first): read from the aux source
+    bound to the dataset when the cooker runs in a :func:`media_sources.media_scope` with one
+    (:func:`media_sources.aux_media`), else found on the file system (:func:`local_media`)."""
     if not isinstance(value, str) or not value:
         raise DataError(where, f"{modality} path must be a non-empty string, got {value!r}")
     check_path_length(value, modality, where)
-    root = dataset_root(sample, where).resolve()
-    path = (root / value).resolve()
-    if path != root and root not in path.parents:
-        raise DataError(where, f"{modality} path {value!r} escapes the dataset folder", "path_escape")
-    if not path.is_file():
-        raise DataError(where, f"{modality} file {value!r} not found under the dataset folder", "missing_media")
-    return MediaRef(modality, path, {}, name=value)
+    scope = current_scope()
+    source = bound_source(scope.aux, sample.get("__subflavors__"), where)
+    if source is not None:
+        return aux_media(sample, value, modality, where, source, scope)
+    return local_media(sample, value, modality, where, scope.roots, list(scope.aux))
+
+
+def local_media(sample: dict, value: str, modality: str, where: str, roots: Sequence[Path] = (),
+                aux_names: Sequence[str] = ()) -> MediaRef:
+    """A media file on the file system. A relative path is tried against the dataset folder, then
+    each of ``roots`` in order: the first that is a file wins. An absolute path is taken as is.
+    Symlinks are followed first: the file must lie inside the dataset folder or a root, else
+    ``path_escape`` (also when the path names no file and leaves every allowed folder); no file at
+    all is ``missing_media`` naming where it looked (``aux_names``: the dataset's unbound aux
+    sources, for the hint)."""
+    folders = list(dict.fromkeys([dataset_root(sample, where).resolve(), *(Path(r).resolve() for r in roots)]))
+    given = Path(value)
+    targets = [given.resolve()] if given.is_absolute() else [(f / given).resolve() for f in folders]
+    for target in targets:
+        if target.is_file():
+            if not within(target, folders):
+                raise _escape(value, modality, where, target, folders, len(roots))
+            return MediaRef(modality, target, {}, name=value)
+    if not any(within(t, folders) for t in targets):
+        raise _escape(value, modality, where, targets[0], folders, len(roots))
+    also = " or the media roots" if roots else ""
+    hint = (f"; the dataset has aux sources {', '.join(aux_names)} but none holds its media: set subflavors "
+            f"{MEDIA_SOURCE_SUBFLAVOR}: NAME to read them from one" if aux_names else "")
+    raise DataError(where, f"{modality} file {value!r} not found under the dataset folder{also}; looked for "
+                           f"{', '.join(map(str, targets))}{hint}", "missing_media")
+
+
+def _escape(value: str, modality: str, where: str, target: Path, folders: list[Path], roots: int) -> DataError:
+    also = " and the media roots" if roots else ""
+    return DataError(where, f"{modality} path {value!r} escapes the dataset folder{also}: it resolves to {target} "
+                            f"(symlinks followed), outside the allowed folders ({', '.join(map(str, folders))})",
+                     "path_escape")
 
 
 def media_ref(sample: dict, value: Any, modality: str, where: str, metadata: Optional[dict] = None) -> MediaRef:

@@ -14,19 +14,22 @@ from __future__ import annotations
 import zlib
 import inspect
 import math
-from typing import Any, Literal, Optional, Union
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence, Union
 
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
 from pydantic import Field, model_validator
 
 from energon_nemotron.config import PackingConfig, StrictModel
 from energon_nemotron.cookers import build_cookers
+from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS, bound_source, media_scope
 from energon_nemotron.errors import ConfigError, DataError, MediaError, SkipCounter
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up, row_media
 from energon_nemotron.packing.distinct import separate_repeats, source_id
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
 from energon_nemotron.skip_limits import record_pass
+from energon_nemotron.telemetry import SharedCounter
 from energon_nemotron.tokenization.conversation import ConversationTokenizer, NoTrainableTokensError
 from energon_nemotron.tokenization.loading import TextEncoder
 from energon_nemotron.types import Conversation, EncodedSample, EncodedSource, PackedBatch
@@ -126,6 +129,8 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         options: :class:`NemotronMultimodalOptions` (or a dict of them).
         packing: a ``PackingConfig`` or None (one sample per row).
         default_cooker: cooker for datasets whose subflavors name none.
+        media_roots: folders media paths may name besides the dataset folder (``data.media_roots``);
+            with the datasets' aux sources, they reach the cookers through ``cook_crude_sample``.
     """
 
     Options = NemotronMultimodalOptions
@@ -133,7 +138,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
 
     def __init__(self, tokenizer: Any, options: Union[NemotronMultimodalOptions, dict],
                  packing: Optional[PackingConfig] = None, default_cooker: Optional[str] = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, media_roots: Sequence[Union[str, Path]] = ()) -> None:
         super().__init__()
         self.options = options if isinstance(options, NemotronMultimodalOptions) else NemotronMultimodalOptions(**options)
         self.packing = packing
@@ -150,6 +155,10 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
                               f"max_media_patches_per_pack; use one of: {', '.join(with_budget)}")
         self.seed = seed
         self.cookers = build_cookers(default_cooker)
+        self.media_roots = tuple(Path(r).resolve() for r in media_roots)
+        #: media found by basename in an aux source (``cookers.media_sources``): a shared counter
+        #: the loader replaces with one sized for its workers
+        self.media_lookups = SharedCounter(LOOKUP_COUNTERS)
         self.text = ConversationTokenizer(tokenizer, self.options.prompt_format)
         tok = self.text.tokenizer
         self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
@@ -215,8 +224,17 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         datasets are concatenated, and the concatenation keeps no state of which one it is in)."""
         from energon_nemotron.encoders.one_pass import OnePassEnd
 
+        if dataset.aux:                 # a media_source naming no aux source: an error at start
+            bound_source(dataset.aux, dataset.dataset.subflavors, str(getattr(dataset.dataset, "path", "a dataset")))
         loaded = super()._load_dataset(dataset, worker_rotation_offset, worker_config)
         return OnePassEnd(loaded, worker_config=worker_config) if getattr(self, "_one_pass", None) == "val" else loaded
+
+    @stateless
+    def cook_crude_sample(self, sample, cooker, aux):
+        """Energon's cook call inside a ``media_scope``: the cooker's media paths resolve against the
+        media roots and the dataset's aux sources (``cookers.media_sources``)."""
+        with media_scope(self.media_roots, aux, self.media_lookups):
+            return super().cook_crude_sample(sample, cooker, aux)
 
     def build_encode_sample(self, dataset, *, worker_config):
         """In a one-pass training loader the whole source (blend, repetitions) is guarded below the
