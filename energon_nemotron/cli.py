@@ -80,6 +80,25 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return run_demo(a.out, progress=not a.no_progress)
 
 
+def cmd_cookers(a: argparse.Namespace) -> int:
+    """Every registered cooker (built-in and from ``energon_nemotron.cookers`` entry points)."""
+    from energon_nemotron.cookers.base import describe_cooker
+    from energon_nemotron.registry import COOKERS
+
+    cookers = [describe_cooker(name) for name in COOKERS.names()]
+    if a.json:
+        print(json.dumps(cookers, indent=2))
+        return 0
+    for c in cookers:
+        print(f"{c['name']}  ({c['origin']})")
+        print(f"  schema: {c['schema'] or '(not described)'}")
+        print("  subflavors: " + ", ".join(f"{k} ({t})" for k, t in c["subflavors"].items()))
+        print(f"  modalities: {', '.join(c['modalities']) or 'none (text only)'}; "
+              f"every sample has: {', '.join(c['requires']) or 'nothing required'}")
+        print()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from energon_nemotron.registry import PACKERS
 
@@ -119,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--save-state", default=None, metavar="FILE",
                    help="write the loader state after the last printed batch (atomically)")
     s.set_defaults(func=cmd_preview)
+
+    s = sub.add_parser("cookers", help="list the registered cookers: origin, schema, subflavors, modalities")
+    s.add_argument("--json", action="store_true", help="one JSON list of the cookers")
+    s.set_defaults(func=cmd_cookers)
 
     s = sub.add_parser("demo", help="run the library end to end on the embedded demo data")
     s.add_argument("--out", default="demo_out", help="folder for the demo's files")

@@ -80,7 +80,8 @@ CODES = ("invalid_sample", "invalid_json", "invalid_utf8", "json_too_deep", "lon
          "unknown_role", "empty_assistant", "no_assistant",
          "empty_conversation", "media_reference", "missing_media", "path_escape", "path_too_long", "reserved_tag",
          "tokenization",
-         "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large", "other")
+         "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large",
+         "unsupported_media", "other")
 
 
 def SkipCounter(num_workers: int = 0):

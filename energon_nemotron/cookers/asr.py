@@ -1,9 +1,10 @@
 """The ``granary_asr`` cooker: speech-recognition samples → a transcription turn.
 
-A sample is ``{"audio_filepath": PATH, "text": TRANSCRIPT}`` (JSONL; the path is relative to the
-dataset folder) or a WebDataset sample with one audio member (wav/flac/mp3/ogg) and a ``.json``
-member holding ``{"text": TRANSCRIPT}``. The user turn is the audio followed by the prompt
-(``subflavors.asr_prompt`` overrides the default); the assistant turn is the transcript.
+A sample is ``{"audio_filepath": PATH, "text": TRANSCRIPT}`` (JSONL; the path is found as
+``cookers.media`` finds paths: the dataset folder, the media roots, the dataset's aux source) or a
+WebDataset sample with one audio member (wav/flac/mp3/ogg) and a ``.json`` member holding
+``{"text": TRANSCRIPT}``. The user turn is the audio followed by the prompt (``subflavors.asr_prompt``
+overrides the default); the assistant turn is the transcript.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from energon_nemotron.errors import DataError
 from energon_nemotron.types import Conversation, MediaPart, Message
 
 ASR_PROMPT = "Transcribe the spoken content to written text, with punctuation and capitalization."
+SCHEMA = ('{"audio_filepath": "clips/a.wav", "text": "the transcript"} (JSONL; the path found as cookers.media '
+          'finds paths), or a WebDataset sample with one audio member and a .json member {"text": ...}')
 
 
-@register("granary_asr", {"asr_prompt": str})
+@register("granary_asr", {"asr_prompt": str}, schema=SCHEMA, modalities=("audio",), requires=("audio",))
 @stateless
 def cook_granary_asr(sample: dict, **aux) -> Conversation:
     where = sample_where(sample)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
 from megatron.energon import Cooker
 
 from energon_nemotron.errors import ConfigError, DataError, sample_where  # noqa: F401  (re-exported)
 from energon_nemotron.json_safety import check_strings, parse_json
 from energon_nemotron.registry import COOKERS
-from energon_nemotron.types import Message
+from energon_nemotron.types import MODALITIES, Message
 
 
 class NamedCooker(Cooker):
@@ -101,11 +103,67 @@ COMMON_SUBFLAVORS: dict[str, type] = {"cooker": str, "skip_chat_template": bool,
 COOKER_SUBFLAVORS: dict[str, dict[str, type]] = {}
 
 
-def register(name: str, subflavors: Optional[dict[str, type]] = None) -> Callable:
-    """Register a cook function (already ``@stateless``) under ``name``; ``subflavors`` declares the
-    subflavor keys it reads beyond ``COMMON_SUBFLAVORS`` (name -> ``bool``/``str``/``int``/...)."""
-    COOKER_SUBFLAVORS[name] = {**COMMON_SUBFLAVORS, **(subflavors or {})}
-    return COOKERS.register(name)
+@dataclass(frozen=True)
+class CookerInfo:
+    """What a registered cooker declares: the subflavor keys it reads (``COMMON_SUBFLAVORS``
+    included), a text describing its sample schema, the media kinds its samples may hold
+    (``modalities``) and those every one of its samples holds (``requires``; the loader checks the
+    tokenizer's placeholder tokens for them at start)."""
+
+    name: str
+    subflavors: dict = field(default_factory=lambda: dict(COMMON_SUBFLAVORS))
+    schema: str = ""
+    modalities: tuple = MODALITIES
+    requires: tuple = ()
+
+
+#: What each cooker declared to :func:`register`, by name.
+COOKER_INFO: dict[str, CookerInfo] = {}
+
+
+def register(name: str, subflavors: Optional[dict[str, type]] = None, *, schema: str = "",
+             modalities: Sequence[str] = MODALITIES, requires: Sequence[str] = ()) -> Callable:
+    """Register a cook function (already ``@stateless``) under ``name`` (a decorator).
+
+    ``subflavors`` declares the subflavor keys it reads beyond ``COMMON_SUBFLAVORS`` (name ->
+    ``bool``/``str``/``int``/...); ``schema`` describes one sample (``energon-nemotron cookers``
+    shows it; empty: the first paragraph of the cook function's docstring); ``modalities``: the
+    media kinds (of ``types.MODALITIES``) its samples may hold; ``requires``: those every sample
+    holds (a subset of ``modalities``). Other distributions call this from a module their
+    ``energon_nemotron.cookers`` entry point names (see ``registry``)."""
+    modalities, requires = tuple(modalities), tuple(requires)
+    unknown = [m for m in modalities + requires if m not in MODALITIES]
+    if unknown:
+        raise ConfigError(f"cooker {name!r}: unknown modality {unknown[0]!r}; modalities are {', '.join(MODALITIES)}")
+    if not set(requires) <= set(modalities):
+        raise ConfigError(f"cooker {name!r}: requires {list(requires)} must be among its modalities {list(modalities)}")
+
+    def add(fn: Callable) -> Callable:
+        COOKERS.register(name, fn)                    # first: a duplicate name changes nothing below
+        keys = {**COMMON_SUBFLAVORS, **(subflavors or {})}
+        COOKER_SUBFLAVORS[name] = keys
+        COOKER_INFO[name] = CookerInfo(name, keys, schema, modalities, requires)
+        return fn
+
+    return add
+
+
+def cooker_info(name: str) -> CookerInfo:
+    """The declarations of cooker ``name`` (``KeyError`` when unknown); a cooker put into
+    ``COOKERS`` without :func:`register` declares the defaults (any modality, none required)."""
+    COOKERS.get(name)
+    return COOKER_INFO.get(name) or CookerInfo(name, dict(subflavor_keys(name)))
+
+
+def describe_cooker(name: str) -> dict:
+    """A cooker as ``energon-nemotron cookers`` lists it: name, origin (``built-in`` or the
+    distribution of its entry point), schema text, subflavor keys with their types, modalities
+    and requires."""
+    info = cooker_info(name)
+    schema = info.schema or (inspect.getdoc(COOKERS.get(name)) or "").split("\n\n")[0]
+    return {"name": name, "origin": COOKERS.origin(name), "schema": " ".join(schema.split()),
+            "subflavors": {k: getattr(t, "__name__", str(t)) for k, t in info.subflavors.items()},
+            "modalities": list(info.modalities), "requires": list(info.requires)}
 
 
 def subflavor_keys(cooker: str) -> dict[str, type]:

@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 from energon_nemotron.config import PackingConfig, StrictModel
 from energon_nemotron.cookers import build_cookers
 from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS, bound_source, media_scope
+from energon_nemotron.encoders.modalities import check_datasets, check_modalities, check_sample
 from energon_nemotron.errors import ConfigError, DataError, MediaError, SkipCounter
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up, row_media
@@ -76,6 +77,10 @@ class NemotronMultimodalOptions(StrictModel):
     #: the bad-sample policy when the encoder runs under another loader than this project's (e.g.
     #: Bridge's Energon data module, whose WorkerConfig has no handler); None: the loader's
     on_error: Optional[Literal["raise", "skip"]] = None
+    #: the media kinds the data may hold: their placeholder tokens are checked when the encoder is
+    #: built, and a sample with another kind is ``unsupported_media`` (``encoders.modalities``);
+    #: None: any kind, each checked at its first item
+    modalities: Optional[list[Literal["image", "video", "audio"]]] = None
 
     @property
     def parallel_multiple(self) -> int:
@@ -166,6 +171,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         self.media = MediaHandlers(tok, TextEncoder(tok), media_options("image", o.image),
                                    media_options("video", o.video), media_options("audio", o.audio),
                                    max_bytes=o.max_media_bytes)
+        check_modalities(self.media, o.modalities)
         #: skips by reason (over-length skips here, ``on_error: skip`` in the loader's handler);
         #: the loader replaces it with one sized for its workers before they start
         self.skipped_counts = SkipCounter()
@@ -192,6 +198,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
 
     def build_train_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
+        check_datasets(self.media, self.options.modalities, kwargs["datasets"], self.cookers)
         self._one_pass = None if kwargs.get("repeat", True) else "train"
         if self._one_pass is None and kwargs.get("packing_buffer_size"):
             self._warn_buffer_over_data(kwargs["datasets"], kwargs["packing_buffer_size"], worker_config)
@@ -216,6 +223,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
 
     def build_val_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
+        check_datasets(self.media, self.options.modalities, kwargs["datasets"], self.cookers)
         self._one_pass = "val"
         return super().build_val_datasets(worker_config=worker_config, **kwargs)
 
@@ -250,6 +258,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
     def preencode_sample(self, sample: Conversation) -> EncodedSample:
         """Phase 1: plan media from metadata, tokenize with placeholders, set the packing cost."""
         key = sample.__key__
+        check_sample(key, sample.media, self.options.modalities)
         try:
             planned = [self.media.plan(ref, i) for i, ref in enumerate(sample.media)]
         except MediaError as e:

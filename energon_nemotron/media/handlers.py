@@ -121,22 +121,28 @@ class MediaHandlers:
         missing = {kind: [t for t in tokens if t not in self._ids] for kind, tokens in MODALITY_TOKENS.items()}
         self.missing_tokens = {kind: tokens for kind, tokens in missing.items() if tokens}
 
+    def require(self, modality: str, why: str) -> None:
+        """A ``ConfigError`` when the tokenizer lacks a placeholder token of ``modality``; ``why``
+        ends the first clause (", and the data has audio")."""
+        if modality in self.missing_tokens:
+            missing = self.missing_tokens[modality]
+            name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+            raise ConfigError(
+                f"tokenizer {name}: no single token for {', '.join(missing)}, which {modality} placeholders "
+                f"need{why}; add them as special tokens (tokenizer.add_special_tokens("
+                f"{{'additional_special_tokens': {list(missing)}}}), then tokenizer.save_pretrained(FOLDER)) "
+                "or use a Nemotron Omni tokenizer")
+
     def ids(self, modality: Optional[str] = None) -> dict[str, int]:
         """Ids of the placeholder tokens (each one token of the vocabulary): those of ``modality``
         (``image``, ``video``, ``audio``), else of every modality. A tokenizer without them is a
-        ``ConfigError`` (raised by the first item of that modality: a tokenizer for image data
-        need not have the audio tokens)."""
-        kinds = [modality] if modality else list(MODALITY_TOKENS)
-        for kind in kinds:
-            if kind in self.missing_tokens:
-                missing = self.missing_tokens[kind]
-                name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
-                has = f", and the data has {kind}" if modality else ""
-                raise ConfigError(
-                    f"tokenizer {name}: no single token for {', '.join(missing)}, which {kind} placeholders "
-                    f"need{has}; add them as special tokens (tokenizer.add_special_tokens("
-                    f"{{'additional_special_tokens': {list(missing)}}}), then tokenizer.save_pretrained(FOLDER)) "
-                    "or use a Nemotron Omni tokenizer")
+        ``ConfigError``, raised here by the first item of that modality (a tokenizer for image data
+        need not have the audio tokens). This is the last line of defence: with
+        ``task_encoder.options.modalities`` set, and for cookers whose every sample holds a
+        modality (``register(requires=...)``), the tokens are checked when the encoder and its
+        datasets are built (``encoders.modalities``)."""
+        for kind in [modality] if modality else list(MODALITY_TOKENS):
+            self.require(kind, f", and the data has {kind}" if modality else "")
         return self._ids
 
     # -- phase 1 ---------------------------------------------------------------------------------
