@@ -149,6 +149,7 @@ PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokeniza
 #: Cookers: ``name -> cook function`` (``@stateless``; ``cookers/``), plus those of other
 #: distributions' ``energon_nemotron.cookers`` entry points (registered via ``cookers.base.register``).
 COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.conversations",
+                                                   "energon_nemotron.cookers.openai_messages",
                                                    "energon_nemotron.cookers.asr"],
                                        entry_points="energon_nemotron.cookers")
 #: Task encoders: ``name -> class`` with an ``Options`` pydantic model (``encoders/``).

@@ -29,18 +29,42 @@ class MediaPart:
     index: int
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call of an assistant turn: ``arguments`` is the JSON object of the call (parsed
+    when the data holds a JSON string; ``raw`` then keeps that string for formats that render it
+    verbatim); ``id`` pairs it with the ``tool`` message that answers it."""
+
+    name: str
+    arguments: dict
+    id: Optional[str] = None
+    raw: Optional[str] = None
+
+    def as_dict(self) -> dict:
+        """The OpenAI / Hugging Face chat-template shape:
+        ``{"type": "function", "id"?, "function": {"name", "arguments": {...}}}``."""
+        out: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+
 @dataclass
 class Message:
     """One turn. ``content`` is a list of text strings and ``MediaPart``s, in order.
 
     ``reasoning`` is an assistant's reasoning trace (rendered by prompt formats that know one);
-    ``train`` overrides role-based loss masking for this message (None: assistant turns trained).
+    ``train`` overrides role-based loss masking for this message (None: assistant turns trained);
+    ``tool_calls``: the function calls of an assistant turn; ``tool_call_id``: the call a ``tool``
+    message answers.
     """
 
     role: str
     content: list[Union[str, MediaPart]]
     reasoning: Optional[str] = None
     train: Optional[bool] = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: Optional[str] = None
 
     @property
     def text(self) -> str:
@@ -72,12 +96,15 @@ class Conversation(Sample):
     ``segments`` lists the index of the first message of each conversation when one crude row holds
     several (offline-packed rows); they stay separate sources inside a pack. ``preformatted``:
     message texts are already rendered with the chat template (``subflavors.skip_chat_template``).
+    ``tools``: the function definitions offered to the model (OpenAI ``tools``), rendered by the
+    prompt format (every segment of the row gets them).
     """
 
     messages: list[Message]
     media: list[MediaRef] = field(default_factory=list)
     segments: list[int] = field(default_factory=lambda: [0])
     preformatted: bool = False
+    tools: list[dict] = field(default_factory=list)
 
     def segment_messages(self) -> list[list[Message]]:
         """The messages of each segment."""

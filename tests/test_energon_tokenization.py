@@ -127,7 +127,7 @@ def test_nemotron6_rendering_and_trained_spans():
         "<|im_start|>assistant\n<think></think>4<|im_end|>\n"
         "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nadd three\n</think>6<|im_end|>\n"
-        "<|im_start|>user\n<tool_response>\n{\"ok\": true}\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n{\"ok\": true}\n</tool_response>\n<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nchecked\n</think>done<|im_end|>\n")
     assert [r.text[a:b] for a, b in r.spans] == ["4<|im_end|>", "add three\n</think>6<|im_end|>",
                                                   "checked\n</think>done<|im_end|>"]

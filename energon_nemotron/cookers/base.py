@@ -77,9 +77,10 @@ def text_of(value: Any, where: str, what: str) -> str:
 
 
 def check_messages(messages: list[Message], where: str) -> list[Message]:
-    """Every conversation needs an assistant turn, and assistant turns must not be empty."""
+    """Every conversation needs an assistant turn, and assistant turns must not be empty (text,
+    media, reasoning or tool calls)."""
     for i, m in enumerate(messages):
-        if m.role == "assistant" and not m.text.strip() and not m.media_parts and not m.reasoning:
+        if m.role == "assistant" and not m.text.strip() and not m.media_parts and not m.reasoning and not m.tool_calls:
             raise DataError(where, f"message {i} is an empty assistant turn", "empty_assistant")
     if not any(m.role == "assistant" for m in messages):
         raise DataError(where, "the conversation has no assistant turn", "no_assistant")
@@ -87,11 +88,12 @@ def check_messages(messages: list[Message], where: str) -> list[Message]:
 
 
 def apply_last_turn_only(messages: list[Message]) -> None:
-    """``train_only_on_last_assistant_turn``: only the last assistant turn keeps its loss."""
+    """``train_only_on_last_assistant_turn``: only the last assistant turn keeps its loss (unless the
+    data marks it untrained, e.g. OpenAI ``weight: 0``)."""
     last = max(i for i, m in enumerate(messages) if m.role == "assistant")
     for i, m in enumerate(messages):
         if m.role == "assistant":
-            m.train = i == last
+            m.train = i == last and m.train is not False
 
 
 #: Subflavor keys that every cooker reads: name -> type. Keys of the form ``__name__`` are Energon's

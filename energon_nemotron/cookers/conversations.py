@@ -4,11 +4,10 @@
 |---|---|
 | ``nemotron_conversation`` | ``{"conversation": [{"sender": ..., "fragments": [str or {"t": "text"/"image"/"video"/"audio", "value": ..., "metadata": {...}}]}]}`` |
 | ``general_conversations`` | LLaVA style ``{"conversations": [{"from": "system"/"human"/"gpt", "value": ...}]}`` with ``<image>``/``<video>``/``<audio>`` tags |
-| ``openai_messages`` | ``{"messages": [{"role": ..., "content": str or [{"type": "text", "text": ...}]}]}`` (text) |
-| ``openai_messages_offline_packed`` | as ``openai_messages``; a new conversation at each ``system`` message |
+| ``openai_messages``, ``openai_messages_offline_packed`` | OpenAI chat rows (``cookers.openai_messages``) |
 
 Media: a fragment's ``value`` names a member of the WebDataset sample (e.g. ``"0.jpg"``) or a path
-relative to the dataset folder; ``general_conversations`` tags take the sample's media members of
+(found in the dataset folder, the media roots or the dataset's aux source: ``cookers.media``); ``general_conversations`` tags take the sample's media members of
 that kind in name order (WebDataset) or the paths of the JSON fields ``image(s)``, ``video(s)``,
 ``audio(s)``/``sound`` (JSONL), in order. Every media item is referenced exactly once, in order.
 Subflavors read by these cookers (``CONVERSATION_SUBFLAVORS``, checked at start): ``cooker``,
@@ -44,7 +43,8 @@ MEDIA_TAG_RE = re.compile(r"<(image|video|audio)>")
 CONVERSATION_SUBFLAVORS = {"train_only_on_last_assistant_turn": bool}
 
 
-def _role(value, where: str, i: int) -> str:
+def role_of(value, where: str, i: int) -> str:
+    """The canonical role (``ROLE_ALIASES``) of turn ``i``; unknown is ``unknown_role``."""
     role = ROLE_ALIASES.get(value) if isinstance(value, str) else None
     if role is None:
         raise DataError(where, f"turn {i} has unknown role {value!r} (known: {', '.join(sorted(ROLE_ALIASES))})",
@@ -66,15 +66,18 @@ def _tagged_parts(text: str, queue: MediaQueue) -> list:
     return parts
 
 
-def _conversation(sample: dict, messages: list[Message], segments: list[int], where: str,
-                  media: list | None = None) -> Conversation:
+def make_conversation(sample: dict, messages: list[Message], segments: list[int], where: str,
+                      media: list | None = None, tools: list | None = None) -> Conversation:
+    """The cooked sample: each segment checked (``check_messages``) and, with the subflavor
+    ``train_only_on_last_assistant_turn``, trained on its last assistant turn only."""
     bounds = segments + [len(messages)]
     for a, b in zip(bounds, bounds[1:]):
         check_messages(messages[a:b], where)
         if subflavor_flag(sample, "train_only_on_last_assistant_turn", where):
             apply_last_turn_only(messages[a:b])
     return Conversation(**basic_sample_keys(sample), messages=messages, media=list(media or []),
-                        segments=segments, preformatted=subflavor_flag(sample, "skip_chat_template", where))
+                        segments=segments, preformatted=subflavor_flag(sample, "skip_chat_template", where),
+                        tools=list(tools or []))
 
 
 @register("nemotron_conversation", CONVERSATION_SUBFLAVORS)
@@ -87,7 +90,7 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise DataError(where, f"turn {i} must be an object with 'sender' and 'fragments'")
-        role = _role(turn.get("sender"), where, i)
+        role = role_of(turn.get("sender"), where, i)
         fragments = turn.get("fragments")
         if isinstance(fragments, str):
             fragments = [fragments]
@@ -110,15 +113,20 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
             else:
                 raise DataError(where, f"turn {i} fragment {j} must be a string or {{'t': 'text'|'image'|'video'|"
                                        f"'audio', 'value': ...}}, got {frag!r:.80}")
-        messages.append(Message(role, _merge_text(parts)))
-    unused = [r.name for m in ("image", "video", "audio") for r in member_media(sample, m) if r.name not in members_used]
+        messages.append(Message(role, merge_text(parts)))
+    check_members_used(sample, members_used, where)
+    return make_conversation(sample, messages, [0], where, media)
+
+
+def check_members_used(sample: dict, used: list[str], where: str) -> None:
+    """Every media member of a WebDataset sample must be referenced (``media_reference``)."""
+    unused = [r.name for m in MODALITIES for r in member_media(sample, m) if r.name not in used]
     if unused:
         raise DataError(where, f"media members {unused} are never referenced: every media item must be referenced once",
                         "media_reference")
-    return _conversation(sample, messages, [0], where, media)
 
 
-def _merge_text(parts: list) -> list:
+def merge_text(parts: list) -> list:
     """Adjacent text parts joined."""
     out: list = []
     for p in parts:
@@ -143,50 +151,7 @@ def cook_general_conversations(sample: dict, **aux) -> Conversation:
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise DataError(where, f"turn {i} must be an object with 'from' and 'value'")
-        role = _role(turn.get("from"), where, i)
+        role = role_of(turn.get("from"), where, i)
         text = text_of(turn.get("value"), where, f"turn {i} value")
         messages.append(Message(role, _tagged_parts(text, queue)))
-    return _conversation(sample, messages, [0], where, queue.finish())
-
-
-def _openai_messages(sample: dict, where: str) -> list[Message]:
-    messages = []
-    for i, m in enumerate(field_list(payload(sample, where), "messages", where)):
-        if not isinstance(m, dict):
-            raise DataError(where, f"message {i} must be an object with 'role' and 'content'")
-        role = _role(m.get("role"), where, i)
-        content = m.get("content")
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise DataError(where, f"message {i} content part {j} has type {kind!r}; this version's "
-                                           "encoder handles text parts only")
-                texts.append(text_of(part.get("text"), where, f"message {i} content part {j} text"))
-            content = "".join(texts)
-        text = text_of(content, where, f"message {i} content")
-        reasoning = m.get("reasoning_content", m.get("reasoning"))
-        if reasoning is not None:
-            reasoning = text_of(reasoning, where, f"message {i} reasoning")
-        messages.append(Message(role, [text], reasoning=reasoning))
-    return messages
-
-
-@register("openai_messages", CONVERSATION_SUBFLAVORS)
-@stateless
-def cook_openai_messages(sample: dict, **aux) -> Conversation:
-    """``{"messages": [{"role", "content": str | [{"type": "text", "text"}]}]}``."""
-    where = sample_where(sample)
-    return _conversation(sample, _openai_messages(sample, where), [0], where)
-
-
-@register("openai_messages_offline_packed", CONVERSATION_SUBFLAVORS)
-@stateless
-def cook_openai_messages_offline_packed(sample: dict, **aux) -> Conversation:
-    """Several ``openai_messages`` conversations in one row, a new one at each ``system`` message
-    (the messages before the first system message form the first). They stay separate sources."""
-    where = sample_where(sample)
-    messages = _openai_messages(sample, where)
-    segments = [0] + [i for i, m in enumerate(messages) if m.role == "system" and i > 0]
-    return _conversation(sample, messages, segments, where)
+    return make_conversation(sample, messages, [0], where, queue.finish())

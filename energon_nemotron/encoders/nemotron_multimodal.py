@@ -266,7 +266,8 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         self._check_consumer(key, planned)
         segments = sample.segment_messages()
         encoded = self.text.encode(segments, key, preformatted=sample.preformatted,
-                                   last_only=self.options.train_only_on_last_assistant_turn, media=planned)
+                                   last_only=self.options.train_only_on_last_assistant_turn, media=planned,
+                                   tools=sample.tools)
         names = [key] if len(segments) == 1 else [f"{key}#{i}" for i in range(len(segments))]
         sources = [EncodedSource(n, t, m) for n, (t, m) in zip(names, encoded)]
         sources = self._fit(sources, key, planned)

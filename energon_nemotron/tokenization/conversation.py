@@ -19,6 +19,7 @@ from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.tokenization.formats import Rendered, get_prompt_format, render_preformatted
 from energon_nemotron.tokenization.loading import load_tokenizer
 from energon_nemotron.tokenization.reserved import PLACEHOLDER_TOKENS, ReservedTokens
+from energon_nemotron.tokenization.tool_rendering import strings_in, tool_texts
 from energon_nemotron.types import MEDIA_MARKER, Message
 
 #: strings that would forge a media placeholder (or the marker) if they appeared in text
@@ -79,19 +80,30 @@ class ConversationTokenizer:
         self.reserved_tokens = ReservedTokens(self.tokenizer)
         self.reserved = [MEDIA_MARKER, *self.reserved_tokens.strings]
 
-    def check_text(self, messages: list[Message], key: str) -> None:
-        """No text of a message (content parts, reasoning) may contain the media marker or a
-        placeholder token such as ``<image>`` (``reserved_tag``, naming the message and field)."""
+    def check_text(self, messages: list[Message], key: str, tools: Sequence[dict] = ()) -> None:
+        """No text a cooker hands on may contain the media marker or a placeholder token such as
+        ``<image>`` (``reserved_tag``, naming the message and field): content parts, reasoning, tool
+        calls (name, id, every string of the arguments), the id a tool result answers, and every
+        string of the tool definitions."""
         for i, m in enumerate(messages):
             texts = [("text", p) for p in m.content if isinstance(p, str)]
             if m.reasoning is not None:
                 texts.append(("reasoning_content", m.reasoning))
-            for field_name, text in texts:
-                tag = self.reserved_tokens.find_in_text(text, (MEDIA_MARKER,))
-                if tag is not None:
-                    shown = "U+E000 (the media marker)" if tag == MEDIA_MARKER else tag
-                    raise DataError(key, f"message {i} ({m.role}) contains the reserved media tag {shown} in "
-                                         f"its {field_name}; media must be referenced as media items", "reserved_tag")
+            if m.tool_calls:
+                texts.extend(tool_texts(m.tool_calls))
+            if m.tool_call_id is not None:
+                texts.append(("tool_call_id", m.tool_call_id))
+            self._check_fields(texts, key, f"message {i} ({m.role})")
+        for k, tool in enumerate(tools):
+            self._check_fields(strings_in(tool), key, f"tools[{k}]")
+
+    def _check_fields(self, texts: Sequence[tuple[str, str]], key: str, what: str) -> None:
+        for field_name, text in texts:
+            tag = self.reserved_tokens.find_in_text(text, (MEDIA_MARKER,))
+            if tag is not None:
+                shown = "U+E000 (the media marker)" if tag == MEDIA_MARKER else tag
+                raise DataError(key, f"{what} contains the reserved media tag {shown} in its {field_name}; "
+                                     "media must be referenced as media items", "reserved_tag")
 
     def check_ids(self, enc: Any, offset: int, text: str, key: str) -> None:
         """The final word: no token of a text piece (its encoding ``enc``, starting at character
@@ -107,26 +119,35 @@ class ConversationTokenizer:
                              f"{self.prompt_format!r}); media must be referenced as media items", "reserved_tag")
 
     def render(self, messages: list[Message], key: str, preformatted: bool = False,
-               last_only: bool = False) -> Rendered:
+               last_only: bool = False, tools: Sequence[dict] = ()) -> Rendered:
         """Text (with markers) and trained spans of one conversation (``last_only``: only the last
-        trained turn)."""
-        self.check_text(messages, key)
-        rendered = render_preformatted(messages) if preformatted else self.format.render(messages, key)
+        trained turn). Tool calls and tool definitions need a prompt format: preformatted text with
+        them is an error."""
+        self.check_text(messages, key, tools)
+        if preformatted:
+            if tools or any(m.tool_calls for m in messages):
+                raise DataError(key, "has tool calls or tool definitions, but skip_chat_template is set: preformatted "
+                                     "text must hold its tool calls as text (or drop skip_chat_template)")
+            rendered = render_preformatted(messages)
+        else:
+            rendered = self.format.render(messages, key, tools=tools) if tools else self.format.render(messages, key)
         if last_only:
             rendered.spans = rendered.spans[-1:]
         return rendered
 
     def encode(self, segments: list[list[Message]], key: str, preformatted: bool = False,
-               last_only: bool = False, media: Sequence[Any] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
+               last_only: bool = False, media: Sequence[Any] = (),
+               tools: Sequence[dict] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per segment: (tokens int64 [n], trained bool [n]).
 
         ``media``: the planned media items (``PlannedMedia``) in reference order; their
         ``placeholder`` ids replace the markers and their ``source``/``token_start`` are set here.
+        ``tools``: the conversation's tool definitions (rendered in every segment).
         Raises ``DataError`` (naming ``key``) for a strict span boundary inside a token, a media
         reference the prompt format dropped or duplicated, and ``NoTrainableTokensError`` for a
         segment with no trained token.
         """
-        rendered = [self.render(m, key, preformatted, last_only) for m in segments]
+        rendered = [self.render(m, key, preformatted, last_only, tools) for m in segments]
         pieces_per_segment = [r.text.split(MEDIA_MARKER) for r in rendered]
         markers = sum(len(p) - 1 for p in pieces_per_segment)
         if markers != len(media):

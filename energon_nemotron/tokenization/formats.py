@@ -19,10 +19,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.registry import PROMPT_FORMATS
+from energon_nemotron.tokenization.tool_rendering import (
+    nemotron6_call,
+    nemotron6_tool_result,
+    nemotron6_tools,
+    nemotron_h_calls,
+    nemotron_h_tools,
+)
 from energon_nemotron.types import Message
 
 
@@ -101,7 +108,9 @@ class PromptFormat:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def render(self, messages: list[Message], key: str) -> Rendered:  # pragma: no cover - interface
+    def render(self, messages: list[Message], key: str, tools: Sequence[dict] = ()) -> Rendered:  # pragma: no cover
+        """``tools``: the function definitions offered (a format without tool support may omit the
+        parameter; it is then called without it and conversations with tools are an error)."""
         raise NotImplementedError
 
 
@@ -110,38 +119,64 @@ class Nemotron6Format(PromptFormat):
     """Nemotron 3 ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``.
 
     - A conversation without a leading system message gets an empty one (as the Nemotron 3
-      template renders it).
+      template renders it); ``tools`` are appended to the system text (``\\n\\n`` after a non-empty
+      one) as the template's ``# Tools`` block (``tokenization.tool_rendering``).
     - Assistant: ``<|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>{answer}<|im_end|>\\n``, and
       ``<think></think>{answer}`` when the turn has no reasoning (thinking normalisation).
       Trained: what the model generates after the generation prompt — ``{answer}<|im_end|>`` (with
       reasoning: ``{reasoning}\\n</think>{answer}<|im_end|>``); the header, the ``<think>\\n`` or
       empty ``<think></think>`` prefix and the newline after ``<|im_end|>`` are not.
-    - Tool: ``<|im_start|>user\\n<tool_response>\\n{content}\\n</tool_response><|im_end|>\\n`` (masked).
+    - Assistant with tool calls, as the template: ``<think></think>{answer.rstrip()}\\n`` (with
+      reasoning ``<think>\\n{reasoning}\\n</think>\\n{answer.rstrip()}\\n``, the answer's newline
+      dropped when it is empty), then each call, then ``<|im_end|>``; trained from the same point.
+    - Tool results: consecutive ``tool`` messages form one user turn,
+      ``<|im_start|>user\\n<tool_response>\\n{result}\\n</tool_response>\\n…<|im_end|>\\n`` (masked).
     """
 
     name = "nemotron6"
 
-    def render(self, messages: list[Message], key: str) -> Rendered:
+    def render(self, messages: list[Message], key: str, tools: Sequence[dict] = ()) -> Rendered:
         out = _Pieces()
-        if not messages or messages[0].role != "system":
-            out.add("<|im_start|>system\n<|im_end|>\n")
-        for m in messages:
+        head = messages[0] if messages and messages[0].role == "system" else None
+        system = head.text if head is not None else ""
+        if tools:
+            system += ("\n\n" if system else "") + nemotron6_tools(tools)
+        out.add(f"<|im_start|>system\n{system}<|im_end|>\n", head is not None and is_trained(head))
+        rest = messages[1:] if head is not None else messages
+        for i, m in enumerate(rest):
             if m.role == "assistant":
-                reasoning, answer = split_thinking(m.text, m.reasoning, key)
-                out.add("<|im_start|>assistant\n")
-                train = is_trained(m)
-                if reasoning:
-                    out.add("<think>\n")
-                    out.add(f"{reasoning}\n</think>{answer}<|im_end|>", train)
-                else:
-                    out.add("<think></think>")
-                    out.add(f"{answer}<|im_end|>", train)
-                out.add("\n")
+                self._assistant(out, m, key)
             elif m.role == "tool":
-                out.add(f"<|im_start|>user\n<tool_response>\n{m.text}\n</tool_response><|im_end|>\n", is_trained(m))
+                first = i == 0 or rest[i - 1].role != "tool"
+                last = i == len(rest) - 1 or rest[i + 1].role != "tool"
+                out.add("<|im_start|>user\n" if first else "")
+                out.add(nemotron6_tool_result(m.text), is_trained(m))
+                out.add("<|im_end|>\n" if last else "")
             else:
                 out.add(f"<|im_start|>{m.role}\n{m.text}<|im_end|>\n", is_trained(m))
         return out.result()
+
+    @staticmethod
+    def _assistant(out: _Pieces, m: Message, key: str) -> None:
+        reasoning, answer = split_thinking(m.text, m.reasoning, key)
+        out.add("<|im_start|>assistant\n")
+        train = is_trained(m)
+        if m.tool_calls:
+            calls = "".join(nemotron6_call(c) for c in m.tool_calls)
+            if reasoning:
+                out.add("<think>\n")
+                body = f"{reasoning}\n</think>\n{answer}".rstrip() + "\n"
+            else:
+                out.add("<think></think>")
+                body = answer.rstrip() + "\n"
+            out.add(f"{body}{calls}<|im_end|>", train)
+        elif reasoning:
+            out.add("<think>\n")
+            out.add(f"{reasoning}\n</think>{answer}<|im_end|>", train)
+        else:
+            out.add("<think></think>")
+            out.add(f"{answer}<|im_end|>", train)
+        out.add("\n")
 
 
 def _without_think_switches(text: str) -> str:
@@ -153,19 +188,38 @@ class NemotronHFormat(PromptFormat):
     """Nemotron-H / Nano v2: ``<SPECIAL_10>System\\n{c}\\n``, ``<SPECIAL_11>User\\n{c}\\n``,
     ``<SPECIAL_11>Assistant\\n{c}\\n<SPECIAL_12>\\n`` (system and user with ``/think`` and
     ``/no_think`` removed, all stripped, as Megatron-LM's ``nemotron-nano-v2``). Trained: everything
-    of an assistant turn after its ``<SPECIAL_11>Assistant\\n`` header. Tool turns render as
-    ``<SPECIAL_11>User\\n{c}\\n`` (masked)."""
+    of an assistant turn after its ``<SPECIAL_11>Assistant\\n`` header.
+
+    Tools, as the Nano v2 chat template renders them: ``tools`` as ``<AVAILABLE_TOOLS>[…]`` text in the
+    system turn (one is added when there is none; ``\\n\\n`` after a non-empty system text); an
+    assistant turn's calls as ``{c}\\n\\n<TOOLCALL>[…]</TOOLCALL>`` (no blank line when ``c`` is empty);
+    consecutive ``tool`` messages as one ``<SPECIAL_11>User\\n<TOOL_RESPONSE>[r1, r2]</TOOL_RESPONSE>\\n``
+    turn (masked)."""
 
     name = "nemotron-h"
 
-    def render(self, messages: list[Message], key: str) -> Rendered:
+    def render(self, messages: list[Message], key: str, tools: Sequence[dict] = ()) -> Rendered:
         out = _Pieces()
-        for m in messages:
+        if tools and (not messages or messages[0].role != "system"):
+            out.add(f"<SPECIAL_10>System\n{nemotron_h_tools(tools)}\n")
+        for i, m in enumerate(messages):
             if m.role == "system":
-                out.add(f"<SPECIAL_10>System\n{_without_think_switches(m.text)}\n", is_trained(m))
+                text = _without_think_switches(m.text)
+                if tools and i == 0:
+                    text += ("\n\n" if text else "") + nemotron_h_tools(tools)
+                out.add(f"<SPECIAL_10>System\n{text}\n", is_trained(m))
             elif m.role == "assistant":
                 out.add("<SPECIAL_11>Assistant\n")
-                out.add(f"{m.text.strip()}\n<SPECIAL_12>\n", is_trained(m))
+                text = m.text.strip()
+                if m.tool_calls:
+                    text += ("\n\n" if text else "") + nemotron_h_calls(m.tool_calls)
+                out.add(f"{text}\n<SPECIAL_12>\n", is_trained(m))
+            elif m.role == "tool":
+                first = i == 0 or messages[i - 1].role != "tool"
+                last = i == len(messages) - 1 or messages[i + 1].role != "tool"
+                out.add("<SPECIAL_11>User\n<TOOL_RESPONSE>[" if first else ", ")
+                out.add(m.text, is_trained(m))
+                out.add("]</TOOL_RESPONSE>\n" if last else "")
             else:
                 out.add(f"<SPECIAL_11>User\n{_without_think_switches(m.text)}\n", is_trained(m))
         return out.result()
@@ -191,34 +245,42 @@ class TokenizerTemplateFormat(PromptFormat):
         self.template = template
         self.has_markers = bool(GENERATION_RE.search(template))
 
-    def _render(self, dicts: list[dict], add_generation_prompt: bool, with_spans: bool):
+    def _render(self, dicts: list[dict], add_generation_prompt: bool, with_spans: bool, tools: Sequence[dict] = ()):
         from transformers.utils.chat_template_utils import render_jinja_template
 
         rendered, indices = render_jinja_template(
-            conversations=[dicts], chat_template=self.template, return_assistant_tokens_mask=with_spans,
-            add_generation_prompt=add_generation_prompt, **self.tokenizer.special_tokens_map)
+            conversations=[dicts], tools=list(tools) or None, chat_template=self.template,
+            return_assistant_tokens_mask=with_spans, add_generation_prompt=add_generation_prompt,
+            **self.tokenizer.special_tokens_map)
         return rendered[0], (indices[0] if with_spans else None)
 
     @staticmethod
     def as_dicts(messages: list[Message]) -> list[dict]:
+        """The messages as a chat template reads them: ``role``, ``content`` (media as
+        ``MEDIA_MARKER``), and where present ``reasoning_content``, ``tool_calls`` (OpenAI shape,
+        arguments as objects) and ``tool_call_id``."""
         out = []
         for m in messages:
-            d = {"role": m.role, "content": m.text}
+            d: dict[str, Any] = {"role": m.role, "content": m.text}
             if m.reasoning is not None:
                 d["reasoning_content"] = m.reasoning
+            if m.tool_calls:
+                d["tool_calls"] = [c.as_dict() for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
             out.append(d)
         return out
 
-    def render(self, messages: list[Message], key: str) -> Rendered:
+    def render(self, messages: list[Message], key: str, tools: Sequence[dict] = ()) -> Rendered:
         dicts = self.as_dicts(messages)
         if self.has_markers:
-            text, spans = self._render(dicts, False, True)
+            text, spans = self._render(dicts, False, True, tools)
             spans = [tuple(s) for s in spans]
             trained = [m for m in messages if m.role == "assistant"]
             if len(spans) == len(trained):      # per-turn overrides apply when spans map to turns
                 spans = [s for s, m in zip(spans, trained) if is_trained(m)]
             return Rendered(text, spans, strict=False)
-        text, _ = self._render(dicts, False, False)
+        text, _ = self._render(dicts, False, False, tools)
         spans = []
         for i, m in enumerate(messages):
             if not is_trained(m):
@@ -226,8 +288,8 @@ class TokenizerTemplateFormat(PromptFormat):
             if m.role != "assistant":
                 raise DataError(key, f"message {i} ({m.role}) is marked trained, but without "
                                      "{% generation %} markers only assistant turns can be located")
-            head, _ = self._render(dicts[:i], True, False)
-            upto, _ = self._render(dicts[:i + 1], False, False)
+            head, _ = self._render(dicts[:i], True, False, tools)
+            upto, _ = self._render(dicts[:i + 1], False, False, tools)
             if not (upto.startswith(head) and text.startswith(upto)) or len(upto) == len(head):
                 raise DataError(key, f"the chat template is not prefix-consistent at message {i}: the "
                                      "rendering up to an assistant turn is not a prefix of the whole "
