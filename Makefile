@@ -28,7 +28,8 @@ COMPAT_TESTS ?= tests
 COMPAT_IN_TEST := tests/test_energon_tokenization.py tests/test_cookers.py tests/test_config.py \
     tests/test_media_image.py tests/test_media_audio.py tests/test_media_video.py tests/test_video_rotation.py \
     tests/test_video_sampling.py tests/test_energon_media.py tests/test_audio_model_counts.py \
-    tests/test_megatron_parity.py tests/test_assemble.py tests/test_bridge_presets.py tests/test_megatron_bridge.py
+    tests/test_megatron_parity.py tests/test_assemble.py tests/test_bridge_presets.py tests/test_megatron_bridge.py \
+    tests/test_openai_tools.py
 
 .PHONY: install references demo test test-fast test-slow test-compat bench bench-quick clean
 
