@@ -257,3 +257,61 @@ def test_broadcast_two_processes():
 @pytest.mark.slow
 def test_broadcast_four_processes():
     mp.spawn(_worker, args=(4, _free_port()), nprocs=4, join=True)
+
+
+# -- memory ------------------------------------------------------------------------------------------
+MiB = 2**20
+
+
+def _proc_status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+def big_media_batch() -> PackedBatch:
+    """A batch whose float32 media payload is 131.8 MiB (three images' patches)."""
+    g = torch.Generator().manual_seed(0)
+    pv = PackedTensor.from_list([torch.randn(n, 768, generator=g) for n in (20000, 15000, 10000)])
+    t = torch.arange(64, dtype=torch.int64).reshape(1, 64)
+    return PackedBatch(tokens=t, labels=t.clone(), loss_mask=torch.ones(1, 64), position_ids=t.clone(),
+                       cu_seqlens=[torch.tensor([0, 64], dtype=torch.int32)],
+                       cu_seqlens_padded=[torch.tensor([0, 64], dtype=torch.int32)],
+                       max_seqlen=[64], sample_keys=[["a"]], media={"pixel_values": pv})
+
+
+def _memory_worker(rank: int, port: int, out: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        expected = big_media_batch()                      # both ranks build it: the receiver compares
+        results = {}
+        for chunk in (4 * MiB, 64 * MiB):
+            dist.barrier()
+            with open("/proc/self/clear_refs", "w") as f:  # reset this process's peak RSS (VmHWM)
+                f.write("5")
+            before = _proc_status("VmRSS:")
+            got = broadcast_packed_batch(expected if rank == 0 else None, 0, max_chunk_bytes=chunk)
+            results[chunk] = _proc_status("VmHWM:") - before
+            assert batches_equal(got, expected)
+            del got
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump({str(k): v for k, v in results.items()}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_broadcast_memory_is_bounded(tmp_path):
+    """Over a 131.8 MiB payload, the sender's peak RSS grows by at most one chunk plus the header
+    (it used to flatten each dtype group: +133 MiB whatever the chunk), each receiver's by at most
+    the rebuilt batch plus one chunk (2 MiB allowed for the interpreter and gloo)."""
+    out = str(tmp_path / "rss")
+    mp.spawn(_memory_worker, args=(_free_port(), out), nprocs=2, join=True)
+    sender, receiver = (json.loads(open(f"{out}.{r}").read()) for r in (0, 1))
+    payload = sum(t.numel() * t.element_size() for t in (big_media_batch().media["pixel_values"].data,))
+    assert payload > 100 * MiB
+    for chunk in (4 * MiB, 64 * MiB):
+        assert sender[str(chunk)] <= chunk + 2 * MiB, (chunk, sender)
+        assert receiver[str(chunk)] <= payload + chunk + 2 * MiB, (chunk, receiver)
+    assert sender[str(4 * MiB)] < 8 * MiB

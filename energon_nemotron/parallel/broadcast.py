@@ -5,8 +5,11 @@ Protocol of :func:`broadcast_packed_batch` (no pickle: receivers parse JSON and 
 1. the source builds a JSON header (:func:`packed_batch_to_wire`) and broadcasts its length as
    int64 [1] (-1 when the source failed: every rank then raises), then its UTF-8 bytes as uint8;
 2. for each dtype group, sorted by dtype name: one flat uint8 buffer holding the raw bytes of all
-   tensors of that dtype, in chunks of at most ``chunk_bytes``. The source flattens one group at a
-   time and sends views of it; receivers allocate each buffer once and receive into slice views;
+   tensors of that dtype, in chunks of at most ``chunk_bytes``. The source never builds the buffer:
+   each chunk is a view of the tensor it lies in, or is assembled in one reused staging buffer of
+   ``chunk_bytes`` (on the group's device: over NCCL host tensors are copied to the device chunk by
+   chunk and joined there), so it holds at most one chunk more than the batch (:func:`_windows`);
+   receivers allocate each buffer once and receive into slice views (the rebuilt batch shares them);
 3. receivers check the header and rebuild bit-identical tensors with ``.view(dtype)`` (uint8 on the
    wire since gloo lacks bool/bfloat16; copied when misaligned): :func:`packed_batch_from_wire`.
    Over gloo buffers are on the CPU, over NCCL on the current CUDA device (so are received tensors).
@@ -31,7 +34,7 @@ import functools
 import json
 import math
 import operator
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -112,6 +115,45 @@ def _plan(batch: PackedBatch, chunk_bytes: int) -> tuple[dict, dict[str, list[to
 def _flatten(tensors: list[torch.Tensor], device: Any = None) -> torch.Tensor:
     """One contiguous uint8 buffer with the raw bytes of ``tensors``, in order."""
     return torch.cat([t.detach().to(device).contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def _windows(tensors: list[torch.Tensor], chunk: int, device: Any,
+             staging: Optional[torch.Tensor] = None) -> Iterator[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """The raw bytes of ``tensors`` (their concatenation, as :func:`_flatten` lays it out) as
+    consecutive windows of ``chunk`` bytes (the last one shorter): exactly the slices receivers
+    receive into. A window that lies inside one contiguous tensor already on ``device`` is a view
+    of it; any other (spanning tensors, or host tensors for a device group) is assembled on
+    ``device`` in one staging buffer of at most ``chunk`` bytes, reused (and yielded beside each
+    window, so the caller can pass it on to the next group). So the sender holds at most one chunk
+    more than the batch (plus a contiguous copy of a non-contiguous tensor, one at a time).
+    Each window must be consumed (sent) before the next is requested."""
+    pieces = [t for t in tensors if t.numel()]
+    total = sum(t.numel() * t.element_size() for t in pieces)
+    k, at = 0, 0                        # the current tensor and the byte offset inside it
+    current: Optional[torch.Tensor] = None
+    for start in range(0, total, chunk):
+        n = min(chunk, total - start)
+        if current is None:
+            current = pieces[k].detach().contiguous().reshape(-1).view(torch.uint8)
+        if at + n <= current.numel() and current.device == device:
+            window = current[at:at + n]
+            at += n
+        else:
+            if staging is None or staging.numel() < n:
+                staging = torch.empty(min(chunk, total), dtype=torch.uint8, device=device)
+            filled = 0
+            while filled < n:
+                if current is None:
+                    current = pieces[k].detach().contiguous().reshape(-1).view(torch.uint8)
+                take = min(n - filled, current.numel() - at)
+                staging[filled:filled + take].copy_(current[at:at + take])
+                filled, at = filled + take, at + take
+                if at == current.numel() and filled < n:
+                    k, at, current = k + 1, 0, None
+            window = staging[:n]
+        yield window, staging
+        if current is not None and at == current.numel() and k + 1 < len(pieces):
+            k, at, current = k + 1, 0, None
 
 
 def packed_batch_to_wire(batch: PackedBatch) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -248,10 +290,10 @@ def broadcast_packed_batch(batch_or_none: Optional[PackedBatch], src: int,
             raise
         dist.broadcast(torch.tensor([len(raw)], dtype=torch.int64, device=device), src, group=group)
         dist.broadcast(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device), src, group=group)
+        staging: Optional[torch.Tensor] = None
         for name in header["buffers"]:
-            flat = _flatten(groups[name], device)  # one group at a time: one copy plus views of it
-            bcast(flat, chunk)
-            del flat
+            for window, staging in _windows(groups[name], chunk, device, staging):
+                dist.broadcast(window, src, group=group)
         return batch_or_none
     length = torch.zeros(1, dtype=torch.int64, device=device)
     dist.broadcast(length, src, group=group)
