@@ -315,3 +315,55 @@ def test_broadcast_memory_is_bounded(tmp_path):
         assert sender[str(chunk)] <= chunk + 2 * MiB, (chunk, sender)
         assert receiver[str(chunk)] <= payload + chunk + 2 * MiB, (chunk, receiver)
     assert sender[str(4 * MiB)] < 8 * MiB
+
+
+def test_windows_are_the_flat_buffer_in_chunks_and_staged_on_the_device():
+    """``_windows`` yields exactly the bytes of the flat group buffer, chunk by chunk: views of a
+    tensor where a chunk lies inside one on the target device, else one reused staging buffer on
+    that device (host segments joined on the device, never flattened on the host)."""
+    from energon_nemotron.parallel.broadcast import _flatten, _windows
+
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(n, generator=g) for n in (0, 5, 64, 3, 0, 40)] + [torch.randn(6, 4, generator=g).t()]
+    flat = _flatten(tensors)
+    for chunk in (1, 7, 16, 100, 10**6):
+        windows = [(w.clone(), w.data_ptr(), s) for w, s in _windows(tensors, chunk, torch.device("cpu"))]
+        assert b"".join(w.numpy().tobytes() for w, _, _ in windows) == flat.numpy().tobytes()
+        assert all(w.numel() == chunk for w, _, _ in windows[:-1])
+        stagings = {id(s) for _, _, s in windows if s is not None}
+        assert len(stagings) <= 1                                 # one staging buffer, reused
+        views = [p for w, p, _ in windows if any(t.data_ptr() <= p < t.data_ptr() + t.numel() * 4
+                                                 for t in tensors if t.is_contiguous() and t.numel())]
+        if chunk == 16:
+            assert len(views) >= 2                                # chunks inside a tensor are not copied
+    meta = list(_windows(tensors, 16, torch.device("meta")))      # a device group: every chunk staged there
+    assert all(w.device.type == "meta" for w, _ in meta) and sum(w.numel() for w, _ in meta) == flat.numel()
+    assert max(s.numel() for _, s in meta) == 16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="NCCL device-side coalescing needs two CUDA devices; this machine has "
+                           f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+def test_broadcast_nccl_two_devices():
+    mp.spawn(_nccl_worker, args=(_free_port(),), nprocs=2, join=True)
+
+
+def _nccl_worker(rank: int, port: int) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        expected = media_batch(21)                                 # host tensors on the source
+        got = broadcast_packed_batch(expected if rank == 0 else None, 0, max_chunk_bytes=333)
+        if rank == 1:
+            assert got.tokens.device.type == "cuda"
+            on_host = dataclasses.replace(got, **{k: getattr(got, k).cpu() for k in
+                                                  ("tokens", "labels", "loss_mask", "position_ids")})
+            on_host.cu_seqlens = [c.cpu() for c in got.cu_seqlens]
+            on_host.cu_seqlens_padded = [c.cpu() for c in got.cu_seqlens_padded]
+            on_host.media = {k: v.to("cpu") if hasattr(v, "to") else v for k, v in got.media.items()}
+            on_host.__restore_key__ = got.__restore_key__
+            assert batches_equal(on_host, expected)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
