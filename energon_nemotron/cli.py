@@ -74,6 +74,13 @@ def cmd_preview(a: argparse.Namespace) -> int:
                        html=a.html)
 
 
+def cmd_stats(a: argparse.Namespace) -> int:
+    from energon_nemotron.stats.run import run_stats
+
+    return run_stats(a.config, engine=a.engine, address=a.address, num_cpus=a.num_cpus, limit=a.limit,
+                     as_json=a.json, html=a.html, split=a.split, progress=not a.no_progress)
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from energon_nemotron.demo import run_demo
 
@@ -138,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--save-state", default=None, metavar="FILE",
                    help="write the loader state after the last printed batch (atomically)")
     s.set_defaults(func=cmd_preview)
+
+    s = sub.add_parser("stats", help="the shape of a loader config's datasets: lengths, skips, media, packing fill")
+    s.add_argument("config", help="a loader YAML")
+    s.add_argument("--split", choices=["train", "validation"], default="train")
+    s.add_argument("--limit", type=int, default=None, metavar="N", help="read at most N samples (rows) per dataset")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--html", default=None, metavar="OUT.html", help="also write a page with the histograms")
+    s.add_argument("--engine", choices=["single", "ray"], default="single",
+                   help="single: this process; ray: N Ray actors, one part of every dataset each")
+    s.add_argument("--address", default=None, help="--engine ray: join this Ray cluster instead of starting one")
+    s.add_argument("--num-cpus", type=int, default=None, metavar="N",
+                   help="--engine ray: CPUs of the local cluster and number of actors (default: all CPUs)")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("cookers", help="list the registered cookers: origin, schema, subflavors, modalities")
     s.add_argument("--json", action="store_true", help="one JSON list of the cookers")

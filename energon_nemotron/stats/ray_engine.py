@@ -1,0 +1,100 @@
+"""``stats --engine ray``: the reading on N Ray actors, one part of every dataset each.
+
+Actor ``r`` of ``N`` (a plain ``@ray.remote(num_cpus=1)`` actor, no Ray Data scheduling) runs
+``collect.collect_part(cfg, split, r, N)``: Energon's own data parallelism (``WorkerConfig(rank=r,
+world_size=N)``), or rows ``r, r+N, ...`` of a Megatron-LM file. It returns its records; the driver
+merges them into dataset order (``records.merge_parts``), so the numbers equal the single-process
+engine's. An actor is killed as soon as its part is back, which frees its CPU for an actor still
+waiting for one.
+
+Cluster: ``address`` joins a running one (``ray.init(address=...)``; the datasets, tokenizer and
+this package must be reachable from its nodes), else a local one is started with ``num_cpus``
+CPUs; a session already initialised in this process is used as it is. Ray is kept quiet (no
+dashboard, workers' output not forwarded, Ray's own logging at ERROR); only a connection made here
+is shut down. N is ``num_cpus``, else the cluster's CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, Optional
+
+from energon_nemotron.config import LoaderConfig
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.stats.records import DatasetPart
+
+
+class PartReader:
+    """The work of one actor: part ``rank`` of ``world`` of every dataset of the split."""
+
+    def read(self, cfg: LoaderConfig, split: str, rank: int, world: int, limit: Optional[int]) -> list[DatasetPart]:
+        import warnings
+
+        warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")
+        from energon_nemotron.stats.collect import collect_part
+
+        return collect_part(cfg, split, rank, world, limit, progress=False)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--engine ray needs Ray: pip install 'energon-nemotron[ray]'") from None
+    return ray
+
+
+@contextlib.contextmanager
+def ray_session(address: Optional[str] = None, num_cpus: Optional[int] = None) -> Iterator[Any]:
+    """The ``ray`` module with a connected session (see the module docstring)."""
+    ray = _import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    if address:
+        ray.init(address=address, **quiet)
+    else:
+        ray.init(num_cpus=num_cpus, **quiet)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _unwrapped(ray: Any, exc: BaseException) -> BaseException:
+    """An actor's own exception (a ``ConfigError`` or ``DataError`` keeps its message and type)."""
+    cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def collect_with_ray(cfg: LoaderConfig, split: str, limit: Optional[int] = None, address: Optional[str] = None,
+                     num_cpus: Optional[int] = None, progress: bool = False) -> tuple[list[list[DatasetPart]], int]:
+    """(every actor's parts, in rank order; the number of actors)."""
+    from tqdm import tqdm
+
+    if num_cpus is not None and num_cpus < 1:
+        raise ConfigError(f"--num-cpus must be >= 1, got {num_cpus}")
+    with ray_session(address, num_cpus) as ray:
+        world = num_cpus or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        reader = ray.remote(num_cpus=1)(PartReader)
+        actors = [reader.remote() for _ in range(world)]
+        pending = {actors[r].read.remote(cfg, split, r, world, limit): r for r in range(world)}
+        parts: list[Optional[list[DatasetPart]]] = [None] * world
+        try:
+            with tqdm(total=world, desc="readers", unit="part", disable=not progress, leave=False) as bar:
+                while pending:
+                    done, _ = ray.wait(list(pending), num_returns=1)
+                    rank = pending.pop(done[0])
+                    try:
+                        parts[rank] = ray.get(done[0])
+                    except Exception as e:
+                        raise _unwrapped(ray, e) from None
+                    ray.kill(actors[rank])
+                    bar.update(1)
+        finally:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+    return [p for p in parts if p is not None], world
