@@ -37,14 +37,24 @@ def _encoder(a: argparse.Namespace):
 
 
 def cmd_pack_megatron(a: argparse.Namespace) -> int:
-    from energon_nemotron.megatron_packed.offline_pack import pack_file
+    from energon_nemotron.megatron_packed.offline_pack import LocalEngine, pack
 
-    summary = pack_file(a.input, a.output, _encoder(a), algorithm=a.algorithm,
-                        seed=None if a.no_shuffle else a.seed, progress=not a.no_progress)
+    if a.engine == "ray":
+        from energon_nemotron.megatron_packed.ray_engine import RayEngine
+
+        engine = RayEngine(address=a.address, num_cpus=a.num_cpus, verbose=a.ray_verbose)
+    elif a.address is not None or a.num_cpus is not None or a.ray_verbose:
+        raise ConfigError("--address, --num-cpus and --ray-verbose apply to --engine ray only")
+    else:
+        engine = LocalEngine()
+    summary = pack(a.input, a.output, _encoder(a), algorithm=a.algorithm, seed=None if a.no_shuffle else a.seed,
+                   rows_per_shard=a.rows_per_shard, on_error=a.on_error, engine=engine,
+                   progress=not a.no_progress, block_size=a.block_size)
     if a.json:
         print(json.dumps(summary.as_dict()))
     else:
-        print(f"wrote {a.output}")
+        shown = summary.shards[0] if len(summary.shards) == 1 else f"{summary.shards[0]} ... {summary.shards[-1]}"
+        print(f"wrote {shown} beside {summary.manifest}")
         print(summary.text())
     return 0
 
@@ -113,11 +123,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("pack-megatron", help="pack raw conversations into Megatron-LM offline-packed rows")
-    s.add_argument("--input", required=True, help="raw JSONL, one {\"messages\": [...]} per line")
-    s.add_argument("--output", required=True, help="the .jsonl.packed file to write")
+    s.add_argument("--input", required=True, nargs="+", metavar="JSONL",
+                   help="raw JSONL files or globs (quoted; matches sorted by name), one {\"messages\": [...]} per "
+                        "line; conversations are taken in the order given")
+    s.add_argument("--output", required=True,
+                   help="the .jsonl.packed file to write (its manifest: OUTPUT.manifest.json)")
+    s.add_argument("--rows-per-shard", type=int, default=None, metavar="N",
+                   help="write shards of N rows beside OUTPUT (NAME-00000-of-000NN.jsonl.packed) instead of one file")
     s.add_argument("--algorithm", default="best_fit_decreasing", choices=PACKERS.names())
     s.add_argument("--seed", type=int, default=0, help="seed of the row order shuffle")
     s.add_argument("--no-shuffle", action="store_true", help="write rows in packer order")
+    s.add_argument("--on-error", choices=["raise", "skip"], default="raise",
+                   help="a line or conversation that cannot be encoded: stop (default) or skip and count it")
+    s.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: this process; ray: Ray Data actors count, Ray tasks write (same output)")
+    s.add_argument("--address", default=None, help="--engine ray: join this cluster (auto, HOST:PORT) "
+                                                   "instead of starting a local one")
+    s.add_argument("--num-cpus", type=int, default=None,
+                   help="--engine ray: counting actors and writing tasks at once (default: all CPUs)")
+    s.add_argument("--ray-verbose", action="store_true", help="--engine ray: show Ray's logs and progress bars")
+    s.add_argument("--block-size", type=int, default=None, metavar="BYTES",
+                   help="bytes of whole lines per counting block (default: one per file locally; ray: ~8 per actor)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.add_argument("--no-progress", action="store_true")
     _encoder_args(s)

@@ -73,7 +73,10 @@ class EnergonSource(StrictModel):
 
 
 class MegatronSource(StrictModel):
-    """Megatron-LM offline-packed rows (``megatron_sft_packed``); already packed."""
+    """Megatron-LM offline-packed rows (``megatron_sft_packed``); already packed. ``path``: a
+    ``.jsonl.packed`` file, or the ``OUT.manifest.json`` that ``pack-megatron`` writes (its shards
+    are read in order as one stream of rows). A manifest (given, or beside the file) must record
+    the encoder configured here, else a ``ConfigError`` lists every differing key."""
 
     format: Literal["megatron_sft_packed"]
     path: Path
@@ -98,7 +101,8 @@ FIELD_HINTS = {
     "data": "a mapping with at least train: {path: DATASET}",
     "data.train": SOURCE_HINT, "data.validation": f"null or {SOURCE_HINT}",
     "data.train.path": "the dataset to read (Energon: a folder prepared with `energon prepare`, a metadataset "
-                       ".yaml or a prepared .jsonl; megatron_sft_packed: a .jsonl.packed file)",
+                       ".yaml or a prepared .jsonl; megatron_sft_packed: a .jsonl.packed file or the "
+                       "OUT.manifest.json of its shards)",
     "data.train.seq_length": "the row length L the megatron_sft_packed file was packed for",
 }
 FIELD_HINTS["data.validation.path"] = FIELD_HINTS["data.train.path"]
@@ -141,8 +145,12 @@ def check_source_path(src: Source, field: str) -> None:
     if isinstance(src, MegatronSource):
         if not path.is_file():
             what = "is a folder" if path.is_dir() else "does not exist"
+            manifest = path.with_name(path.name + ".manifest.json")
+            if manifest.is_file():
+                what += f" (it was packed into shards: set path to their manifest {manifest.name})"
             raise ConfigError(f"{field}.path: {str(path)!r} {what}; a megatron_sft_packed source is a .jsonl.packed "
-                              "file of packed rows (write one with `energon-nemotron pack-megatron`)")
+                              "file of packed rows or the OUT.manifest.json of its shards (write them with "
+                              "`energon-nemotron pack-megatron`)")
         return
     prepare = f"prepare it with `energon prepare {path}`"
     if not path.exists():

@@ -260,6 +260,10 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
         if isinstance(src, MegatronSource):      # an Energon source's files: stream_digests below
             index = Path(src.path).with_name(Path(src.path).name + ".idx")
             out["index"] = file_digest(index) if index.is_file() else None
+            manifest = Path(src.path) if src.path.name.endswith(".manifest.json") else \
+                Path(src.path).with_name(Path(src.path).name + ".manifest.json")
+            if manifest.is_file():               # pack-megatron's record of the shards (sha256 each)
+                out["manifest"] = file_digest(manifest)
         return out
 
     def files(name: str, src) -> dict:

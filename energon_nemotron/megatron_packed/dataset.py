@@ -25,6 +25,7 @@ import torch
 
 from energon_nemotron.errors import ConfigError, DataError, SkipCounter
 from energon_nemotron.json_safety import parse_json
+from energon_nemotron.megatron_packed import manifest as mf
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.row_order import RowIndex, epoch_order
 from energon_nemotron.skip_limits import record_pass, record_skip
@@ -52,19 +53,52 @@ def parse_json_line(raw: bytes, where: str) -> Any:
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, int, bytes]]:
     """(row index, line number, raw line) of every non-blank line, streamed."""
+    for row, _, line_no, raw in iter_rows([path]):
+        yield row, line_no, raw
+
+
+def iter_rows(paths: list[Path]) -> Iterator[tuple[int, int, int, bytes]]:
+    """(row index, file index, line number, raw line) of every non-blank line of ``paths`` (their
+    rows back to back), streamed."""
     row = 0
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, 1):
-            if raw.strip():
-                yield row, line_no, raw
-                row += 1
+    for fi, path in enumerate(paths):
+        with open(path, "rb") as f:
+            for line_no, raw in enumerate(f, 1):
+                if raw.strip():
+                    yield row, fi, line_no, raw
+                    row += 1
+
+
+def source_files(path: Path, encoder: MegatronSFTPackedEncoder) -> tuple[list[Path], Optional[Path]]:
+    """The files of a rows source and its manifest: ``path`` itself (with ``path.manifest.json`` if
+    there is one), or the shards of the manifest ``path`` is. A manifest's encoder must match
+    ``encoder`` (``ConfigError`` listing every differing key)."""
+    if mf.is_manifest(path):
+        files, manifest = mf.manifest_shards(path)
+        where: Optional[Path] = path
+    else:
+        if not path.is_file():
+            hint = ""
+            if mf.manifest_path(path).is_file():
+                hint = f"; it was packed into shards: read its manifest {mf.manifest_path(path).name}"
+            raise ConfigError(f"{str(path)!r} is not a file{hint}")
+        files, where = [path], mf.manifest_path(path)
+        if not where.is_file():
+            return files, None
+        manifest = mf.load_manifest(where)
+    mf.check_encoder(manifest, encoder.signature(), str(where))
+    return files, where
 
 
 class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
-    """Encoded rows of one ``.jsonl.packed`` file for one data-parallel rank.
+    """Encoded rows of one ``.jsonl.packed`` file (or of the shards of a ``pack-megatron``
+    manifest, read in order as one stream) for one data-parallel rank.
 
     Args:
-        path: the offline-packed JSONL file.
+        path: the offline-packed JSONL file, or an ``OUT.manifest.json``. A manifest (given, or
+            beside the file) must record the configured encoder (tokenizer files, prompt format,
+            seq_length, CP size, pad token, chat key, identity masking), else ``ConfigError``
+            listing every differing key.
         encoder: a :class:`MegatronSFTPackedEncoder`.
         dp_rank, dp_size: this rank and the data-parallel world size.
         validation: pad ranks to equal length (see the module docstring).
@@ -90,9 +124,8 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise ConfigError(f"invalid dp_rank={dp_rank} / dp_size={dp_size}")
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ConfigError(f"{str(self.path)!r} is not a file")
         self.encoder = encoder
+        self.files, self.manifest_path = source_files(self.path, encoder)
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.validation = validation
@@ -114,18 +147,18 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         self.last_report: dict[str, Any] = {}
 
     def num_rows(self) -> int:
-        """Rows (non-blank lines) in the file; one streamed pass, cached."""
+        """Rows (non-blank lines) in the file(s); one streamed pass, cached."""
         if self._index is not None:
             return len(self.row_index())
         if self._num_rows is None:
-            self._num_rows = sum(1 for _ in iter_jsonl(self.path))
+            self._num_rows = sum(1 for _ in iter_rows(self.files))
         return self._num_rows
 
     def row_index(self) -> RowIndex:
         """The rows' byte offsets (one streamed pass; cached, rebuilt if the file changed). Built
         before the workers start, they inherit it."""
         if self._index is None or self._index.stale():
-            self._index = RowIndex(self.path)
+            self._index = RowIndex(self.files)
             self._num_rows = len(self._index)
         return self._index
 
@@ -149,41 +182,50 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         wid = (wid + self.worker_offset) % nw
         return wid, self.dp_rank + wid * self.dp_size, self.dp_size * nw
 
-    def _encode(self, raw: bytes, line_no: int) -> dict[str, Any]:
-        where = f"{self.path}:{line_no}"
+    def _label(self, fi: int, line_no: int) -> int | str:
+        """How reports name a row: its line (one file), or ``shard-file:line`` (a manifest's shards)."""
+        return line_no if len(self.files) == 1 else f"{self.files[fi].name}:{line_no}"
+
+    def _encode(self, raw: bytes, fi: int, line_no: int) -> dict[str, Any]:
+        where = f"{self.files[fi]}:{line_no}"
         try:
             return self.encoder.encode(parse_json_line(raw, where), where)
         except DataError as e:
             raise e.located(where) from None
 
-    def _items(self, first: int, step: int, start: int) -> Iterator[tuple[int, int, bytes, bool]]:
-        """(position, line number, raw line, is padding) of this worker's rows, then its padding
-        rows, after its first ``start`` items; position counts items from 1."""
+    def _items(self, first: int, step: int, start: int) -> Iterator[tuple[int, int, int, bytes, bool]]:
+        """(position, file index, line number, raw line, is padding) of this worker's rows, then
+        its padding rows, after its first ``start`` items; position counts items from 1."""
         if self.shuffle_seed is not None:
             yield from self._shuffled_items(first, step, start)
             return
-        for position, (line_no, raw, padding) in enumerate(self._file_order_items(first, step), 1):
+        for position, (fi, line_no, raw, padding) in enumerate(self._file_order_items(first, step), 1):
             if position > start:
-                yield position, line_no, raw, padding
+                yield position, fi, line_no, raw, padding
 
-    def _file_order_items(self, first: int, step: int) -> Iterator[tuple[int, bytes, bool]]:
-        """(line number, raw line, is padding) of this worker's rows in file order, streamed, then
-        its padding rows."""
-        for row, line_no, raw in iter_jsonl(self.path):
+    def _file_order_items(self, first: int, step: int) -> Iterator[tuple[int, int, bytes, bool]]:
+        """(file index, line number, raw line, is padding) of this worker's rows in file order,
+        streamed, then its padding rows."""
+        for row, fi, line_no, raw in iter_rows(self.files):
             if row >= first and (row - first) % step == 0:
-                yield line_no, raw, False
+                yield fi, line_no, raw, False
         if self.validation:
-            for line_no, raw in self._padding_rows(first, step):
-                yield line_no, raw, True
+            for fi, line_no, raw in self._padding_rows(first, step):
+                yield fi, line_no, raw, True
 
-    def _shuffled_items(self, first: int, step: int, start: int) -> Iterator[tuple[int, int, bytes, bool]]:
+    def _shuffled_items(self, first: int, step: int, start: int) -> Iterator[tuple[int, int, int, bytes, bool]]:
         """``_items`` in this epoch's order: rows ``order[first + k*step]``, read by offset."""
         index = self.row_index()
         order = self._epoch_order(len(index))
-        with open(self.path, "rb") as f:
+        handles = [open(p, "rb") for p in self.files]
+        try:
             for position, k in enumerate(range(first + start * step, len(index), step), start + 1):
-                line_no, raw = index.read(f, int(order[k]))
-                yield position, line_no, raw, False
+                row = int(order[k])
+                line_no, raw = index.read(handles, row)
+                yield position, int(index.files[row]), line_no, raw, False
+        finally:
+            for h in handles:
+                h.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         wid, first, step = self._mine()
@@ -192,9 +234,9 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         skipped: Counter = Counter()
         rows = 0
         start = self.resume_positions.get(wid, 0)
-        for position, line_no, raw, padding in self._items(first, step, start):
+        for position, fi, line_no, raw, padding in self._items(first, step, start):
             try:
-                out = self._encode(raw, line_no)
+                out = self._encode(raw, fi, line_no)
             except DataError as e:
                 if self.on_error == "raise":
                     raise
@@ -207,16 +249,16 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
             else:
                 rows += 1
                 if out["truncated"]:
-                    truncated.append(line_no)
+                    truncated.append(self._label(fi, line_no))
                 if out["pad_in_content"]:
-                    with_pad.append(line_no)
+                    with_pad.append(self._label(fi, line_no))
             out["is_padding"] = padding
             out["position"] = (wid, position)
             yield out
         self._report(rows, truncated, with_pad, dict(skipped))
 
-    def _padding_rows(self, first: int, step: int) -> Iterator[tuple[int, bytes]]:
-        """This worker's share of the rank's padding rows (real row index >= N): (line, raw)."""
+    def _padding_rows(self, first: int, step: int) -> Iterator[tuple[int, int, bytes]]:
+        """This worker's share of the rank's padding rows (real row index >= N): (file, line, raw)."""
         n = self.num_rows()
         per_rank = math.ceil(n / self.dp_size)
         wanted = {}
@@ -226,11 +268,11 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
                 wanted[idx % n] = wanted.get(idx % n, 0) + 1
         if not wanted:
             return
-        for row, line_no, raw in iter_jsonl(self.path):
+        for row, fi, line_no, raw in iter_rows(self.files):
             for _ in range(wanted.get(row, 0)):
-                yield line_no, raw
+                yield fi, line_no, raw
 
-    def _report(self, rows: int, truncated: list[int], with_pad: list[int], skipped: dict) -> None:
+    def _report(self, rows: int, truncated: list, with_pad: list, skipped: dict) -> None:
         self.last_report = {"rows": rows, "truncated_lines": truncated, "pad_in_content_lines": with_pad,
                             "skipped": skipped}
         if truncated:

@@ -14,6 +14,7 @@ Algorithm (Megatron-LM main d98e8a64dd, ``SFTDataset.__getitem__``), with L = ``
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -56,6 +57,15 @@ def check_reserved(reserved: ReservedTokens, conversation: list[dict], tokens: n
                                "text-only row cannot fill", "reserved_tag")
 
 
+def _tokenizer_dir(tokenizer: Any) -> Optional[Path]:
+    """The local folder a tokenizer was loaded from (a path given, or a loaded tokenizer's
+    ``name_or_path`` when that is a folder), else None."""
+    source = tokenizer if isinstance(tokenizer, (str, Path)) else getattr(tokenizer, "name_or_path", None)
+    if source and Path(source).is_dir():
+        return Path(source)
+    return None
+
+
 def cp_granularity(context_parallel_size: int) -> int:
     """Multiple every conversation is padded to: 2·CP when CP > 1, else 1."""
     return 2 * context_parallel_size if context_parallel_size > 1 else 1
@@ -96,6 +106,15 @@ class MegatronSFTPackedEncoder:
         self.prompt_format = prompt_format
         self.pad_id = self.sft.pad_id
         self.reserved = ReservedTokens(self.tokenizer)
+        self.identity_masks_prompt = identity_masks_prompt
+        self.allow_eos_pad = allow_eos_pad
+        self.tokenizer_dir = _tokenizer_dir(tokenizer)
+        self._options = {"tokenizer": str(self.tokenizer_dir) if self.tokenizer_dir is not None else self.tokenizer,
+                         "seq_length": seq_length, "prompt_format": prompt_format,
+                         "context_parallel_size": context_parallel_size, "pad_token": pad_token,
+                         "chat_key": chat_key, "identity_masks_prompt": identity_masks_prompt,
+                         "allow_eos_pad": allow_eos_pad}
+        self._signature: Optional[dict] = None
 
     def _tokens(self, tc: TokenizedConversation, conversation: list[dict], where: Optional[str]
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -111,12 +130,51 @@ class MegatronSFTPackedEncoder:
     def conversation_costs(self, conversations: list[list[dict]], wheres: Sequence[Optional[str]]) -> list[int]:
         """Pack positions each conversation takes: its tokens rounded up to a multiple of 2·CP
         (``DataError`` naming ``wheres[i]`` for a conversation that cannot be encoded)."""
+        costs = self.conversation_costs_or_errors(conversations, wheres)
+        for c in costs:
+            if isinstance(c, DataError):
+                raise c
+        return costs
+
+    def conversation_costs_or_errors(self, conversations: list[list[dict]], wheres: Sequence[Optional[str]]
+                                     ) -> list[int | DataError]:
+        """:meth:`conversation_costs`, with the ``DataError`` of a conversation that cannot be
+        encoded in its place instead of raised (one tokenizer call for all, errors per item)."""
         g = cp_granularity(self.context_parallel_size)
-        costs = []
+        costs: list[int | DataError] = []
         for tc, conv, where in zip(self.sft.tokenize(conversations, wheres), conversations, wheres):
-            n = int(self._tokens(tc, conv, where)[0].shape[0])
+            try:
+                n = int(self._tokens(tc, conv, where)[0].shape[0])
+            except DataError as e:
+                costs.append(e)
+                continue
             costs.append(n + (-n % g))
         return costs
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments that build this encoder again (in another process: the tokenizer as its
+        folder when it has one, else the tokenizer object)."""
+        return dict(self._options)
+
+    def signature(self) -> dict[str, Any]:
+        """What the rows depend on, as recorded in a pack manifest and compared when reading:
+        ``tokenizer_sha256`` (sha256 over the tokenizer folder's files, as the loader's resume
+        fingerprint; None when the encoder was given a tokenizer object without a local folder),
+        prompt format, seq_length, CP size, the pad token and id, chat key, identity masking,
+        ``allow_eos_pad``."""
+        if self._signature is None:
+            from energon_nemotron.state import file_digest
+
+            folder = self.tokenizer_dir
+            self._signature = {
+                "tokenizer_sha256": file_digest(*folder.glob("*")) if folder is not None else None,
+                "prompt_format": self.prompt_format, "seq_length": self.seq_length,
+                "context_parallel_size": self.context_parallel_size,
+                "pad_token": self.tokenizer.convert_ids_to_tokens(self.pad_id), "pad_id": self.pad_id,
+                "chat_key": self.chat_key, "identity_masks_prompt": self.identity_masks_prompt,
+                "allow_eos_pad": self.allow_eos_pad,
+            }
+        return dict(self._signature)
 
     def conversation_cost(self, conversation: list[dict], where: Optional[str] = None) -> int:
         """:meth:`conversation_costs` of one conversation."""

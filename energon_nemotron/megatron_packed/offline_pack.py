@@ -2,37 +2,54 @@
 
 Each input line is split into conversations at ``system`` messages (a conversation that does not
 start with one gets an empty system message, because in a packed row the system message is what
-separates conversations). Each conversation's cost is counted with the very encoder that will read
-the rows (its tokens, rounded up to a multiple of 2·CP), and whole conversations are bin-packed into
-rows of ``seq_length`` positions with a registered packer, so re-encoding a row never truncates.
-A conversation longer than ``seq_length`` gets a row of its own (the loader will truncate it and
-say so); the summary lists them. Input is streamed twice (costs, then rows), so memory holds only
-one length and one file offset per conversation.
+separates conversations). Pass 1 counts each conversation's cost with the very encoder that will
+read the rows (its tokens, rounded up to a multiple of 2·CP; ``counting``); the driver bin-packs
+all costs with a registered packer into rows of ``seq_length`` positions, so re-encoding a row never
+truncates, and shuffles the rows with the seed; pass 2 writes them, to one file or to shards
+(``shards``). A conversation longer than ``seq_length`` gets a row of its own (the loader will
+truncate it and say so); the summary lists them. Memory holds one cost, file, offset and index per
+conversation (24 bytes), plus the packer's bins.
+
+Two engines run the passes: ``LocalEngine`` (this process) and ``ray_engine.RayEngine`` (Ray Data
+actors count, Ray tasks write); for the same inputs and options both write the same bytes. A
+manifest beside the output (``manifest``) records options, inputs, counts and shards, so that a
+rerun resumes: shards that are complete are kept, the rest written.
 """
 
 from __future__ import annotations
 
-import json
-import random
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from energon_nemotron.megatron_packed.dataset import iter_jsonl, parse_json_line
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.megatron_packed import manifest as mf
+from energon_nemotron.megatron_packed.counting import Counted, count_local
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
+from energon_nemotron.megatron_packed.inputs import describe_input, expand_inputs, split_blocks
+from energon_nemotron.megatron_packed.shards import (
+    pack_rows,
+    shard_jobs,
+    shard_names,
+    shard_rows,
+    write_shard,
+)
 from energon_nemotron.packing.algorithms import fill_ratio
-from energon_nemotron.registry import PACKERS
 
-#: conversations tokenized per native tokenizer call while counting
-COUNT_CHUNK = 512
+#: test hook: after this many shards are recorded complete, the driver stops (sleeps) so that a test
+#: can kill it mid-write; never set it outside tests
+PAUSE_ENV = "ENERGON_NEMOTRON_PACK_PAUSE_AFTER_SHARDS"
 
 
 @dataclass
 class PackSummary:
-    """What ``pack_file`` did."""
+    """What a pack did."""
 
     input_lines: int = 0
     conversations: int = 0
@@ -43,106 +60,231 @@ class PackSummary:
     algorithm: str = ""
     added_system_messages: int = 0
     oversized: list[str] = field(default_factory=list)   # "file:line#conversation" of each
+    skipped: dict[str, int] = field(default_factory=dict)   # reason code -> lines or conversations dropped
+    skipped_examples: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)      # the output files, beside the manifest
+    manifest: str = ""
+    engine: str = "local"
+    shards_skipped: int = 0                              # already complete (resumed run)
+    notes: list[str] = field(default_factory=list)
+    times: dict[str, float] = field(default_factory=dict)   # seconds per stage: hash, count, pack, write
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def text(self) -> str:
+        def shown(items: list[str]) -> list[str]:
+            out = [f"  {k}" for k in items[:20]]
+            return out + ([f"  ... {len(items) - 20} more"] if len(items) > 20 else [])
+
+        skipped = sum(self.skipped.values())
         lines = [
-            f"input lines        {self.input_lines}",
+            f"input lines        {self.input_lines}  ({len(self.inputs)} file{'s' if len(self.inputs) != 1 else ''})",
             f"conversations      {self.conversations}",
             f"rows               {self.rows}  (seq_length {self.seq_length}, {self.algorithm})",
             f"fill ratio         {self.fill_ratio:.4%}  ({self.tokens} token positions used)",
             f"empty system added {self.added_system_messages}",
             f"oversized          {len(self.oversized)}  (each in a row of its own; truncated when read)",
+            *shown(self.oversized),
+            f"skipped            {skipped}" + (" (" + ", ".join(f"{k} {n}" for k, n in self.skipped.items()) + ")"
+                                               if skipped else ""),
+            *shown(self.skipped_examples),
+            f"output files       {len(self.shards)}  ({len(self.shards) - self.shards_skipped} written, "
+            f"{self.shards_skipped} complete already); manifest {self.manifest}",
+            f"engine             {self.engine}; " + ", ".join(f"{k} {v:.2f} s" for k, v in self.times.items()),
         ]
-        lines += [f"  {k}" for k in self.oversized[:20]]
-        if len(self.oversized) > 20:
-            lines.append(f"  ... {len(self.oversized) - 20} more")
-        return "\n".join(lines)
+        return "\n".join(lines + self.notes)
 
 
-def _with_system(conversation: list[dict]) -> tuple[list[dict], bool]:
-    if conversation[0]["role"] == "system":
-        return conversation, False
-    return [{"role": "system", "content": ""}] + conversation, True
+class LocalEngine:
+    """Both passes in this process, in order (the single-process engine)."""
+
+    name = "local"
+
+    def __enter__(self) -> "LocalEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def block_size(self, total_bytes: int) -> Optional[int]:
+        return None                                     # one block per file
+
+    def count(self, blocks, encoder: MegatronSFTPackedEncoder, on_error: str, bar) -> Counted:
+        return count_local(blocks, encoder, on_error, bar)
+
+    def write(self, paths: list[str], chat_key: str, jobs, on_done: Callable[[dict], None]) -> None:
+        for job in jobs:
+            on_done(write_shard(paths, chat_key, job))
 
 
-def count_costs(path: Path, encoder: MegatronSFTPackedEncoder, progress: bool = True):
-    """Pass 1: per conversation (cost, byte offset of its line, index in the line, where).
-
-    Returns (costs int64 [C], offsets int64 [C], index_in_line int32 [C], where list[str],
-    input lines, added system messages).
-    """
-    costs, offsets, index_in_line, wheres = [], [], [], []
-    pending: list[tuple[list[dict], str]] = []
-    added = lines = 0
-
-    def flush() -> None:
-        costs.extend(encoder.conversation_costs([c for c, _ in pending], [w for _, w in pending]))
-        pending.clear()
-
-    bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="counting", disable=not progress)
-    offset = 0
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, 1):
-            start, offset = offset, offset + len(raw)
-            bar.update(len(raw))
-            if not raw.strip():
-                continue
-            lines += 1
-            where = f"{path}:{line_no}"
-            convs = encoder.conversations(parse_json_line(raw, where), where)
-            for ci, conv in enumerate(convs):
-                conv, was_added = _with_system(conv)
-                added += was_added
-                offsets.append(start)
-                index_in_line.append(ci)
-                wheres.append(f"{where}#{ci}")
-                pending.append((conv, wheres[-1]))
-            if len(pending) >= COUNT_CHUNK:
-                flush()
-    flush()
-    bar.close()
-    return (np.asarray(costs, dtype=np.int64), np.asarray(offsets, dtype=np.int64),
-            np.asarray(index_in_line, dtype=np.int32), wheres, lines, added)
+def describe_inputs(paths: Sequence[Path]) -> list[dict]:
+    """``{path, size, sha256}`` of every input (hashed in a few threads: hashlib releases the GIL)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(paths)))) as pool:
+        return list(pool.map(describe_input, paths))
 
 
-def pack_file(input_path: str | Path, output_path: str | Path, encoder: MegatronSFTPackedEncoder,
-              algorithm: str = "best_fit_decreasing", seed: Optional[int] = 0,
-              progress: bool = True) -> PackSummary:
-    """Pack the conversations of ``input_path`` into rows written to ``output_path``.
+def _counts_section(counted: Counted, bins: list, seq_length: int) -> dict:
+    return {"input_lines": counted.input_lines, "conversations": int(counted.costs.size), "rows": len(bins),
+            "tokens": int(np.minimum(counted.costs, seq_length).sum()),
+            "fill_ratio": fill_ratio(counted.costs, bins, seq_length),
+            "added_system_messages": counted.added_system, "skipped": counted.skipped,
+            "skipped_examples": counted.skipped_examples, "oversized": counted.oversized}
+
+
+def _summary(manifest: dict, manifest_file: Path, engine: str, skipped: int, notes: list[str],
+             times: dict[str, float]) -> PackSummary:
+    c = manifest["counts"]
+    return PackSummary(
+        input_lines=c["input_lines"], conversations=c["conversations"], rows=c["rows"], fill_ratio=c["fill_ratio"],
+        tokens=c["tokens"], seq_length=manifest["encoder"]["seq_length"], algorithm=manifest["packing"]["algorithm"],
+        added_system_messages=c["added_system_messages"], oversized=c["oversized"], skipped=c["skipped"],
+        skipped_examples=c["skipped_examples"], inputs=[i["path"] for i in manifest["inputs"]],
+        shards=[s["file"] for s in manifest["shards"]], manifest=str(manifest_file), engine=engine,
+        shards_skipped=skipped, notes=notes, times={k: round(v, 3) for k, v in times.items()})
+
+
+def _previous(path: Path, options: dict, notes: list[str]) -> tuple[Optional[dict], Optional[dict]]:
+    """(the manifest on disk if this run resumes it, the one it replaces otherwise)."""
+    if not path.exists():
+        return None, None
+    try:
+        old = mf.load_manifest(path)
+    except ConfigError as e:
+        notes.append(f"note: {e}; rewriting everything")
+        return None, None
+    diff = mf.options_diff(old, options)
+    if diff:
+        notes.append(f"note: {path.name} was written with other options or inputs; rewriting everything:\n"
+                     + "\n".join(f"  {d}" for d in diff))
+        return None, old
+    return old, None
+
+
+def _remove_stale(folder: Path, stale: Optional[dict], keep: set[str], output: Path) -> None:
+    """Delete the files of a replaced manifest that this run does not write again."""
+    if stale is None:
+        return
+    for entry in stale.get("shards", []):
+        if entry["file"] not in keep:
+            (folder / entry["file"]).unlink(missing_ok=True)
+    mf.counts_path(output).unlink(missing_ok=True)
+
+
+def pack(inputs: str | Path | Sequence[str | Path], output: str | Path, encoder: MegatronSFTPackedEncoder,
+         algorithm: str = "best_fit_decreasing", seed: Optional[int] = 0, rows_per_shard: Optional[int] = None,
+         on_error: str = "raise", engine: Any = None, progress: bool = True,
+         block_size: Optional[int] = None) -> PackSummary:
+    """Pack the conversations of ``inputs`` into rows written to ``output`` (or its shards).
 
     Args:
-        input_path: JSONL, one ``{chat_key: [messages]}`` object per line.
-        output_path: the ``.jsonl.packed`` file to write (``{chat_key: [messages]}`` per row).
+        inputs: JSONL files or globs (see ``inputs.expand_inputs``), one ``{chat_key: [messages]}``
+            object per line.
+        output: the ``.jsonl.packed`` file to write; its manifest is ``OUTPUT.manifest.json``.
         encoder: the encoder that will read the rows (tokenizer, format, seq_length, CP).
         algorithm: a registered packer (see ``registry.PACKERS``; default ``best_fit_decreasing``).
         seed: rows are written in a shuffled order with this seed (None: packer order, which puts
             the longest conversations first). Conversations inside a row keep their input order.
+        rows_per_shard: None (one output file) or N: shards of N rows beside ``output``.
+        on_error: ``raise`` (the first bad line or conversation in input order, a ``DataError``
+            naming ``file:line[#k]``) or ``skip`` (dropped and counted by reason in the summary).
+        engine: ``LocalEngine()`` (default) or ``ray_engine.RayEngine(...)``.
+        block_size: bytes per counting block (whole lines); default: the engine's.
+
+    A manifest on disk with the same options and inputs is resumed: complete shards are kept.
+    With other options or inputs, everything is rewritten (``notes`` says so).
     """
-    packer = PACKERS.get(algorithm)
-    src, dst = Path(input_path), Path(output_path)
-    costs, offsets, index_in_line, wheres, lines, added = count_costs(src, encoder, progress)
+    engine = engine or LocalEngine()
+    if on_error not in ("raise", "skip"):
+        raise ConfigError(f"--on-error must be 'raise' or 'skip', got {on_error!r}")
+    if rows_per_shard is not None and rows_per_shard < 1:
+        raise ConfigError(f"--rows-per-shard must be >= 1, got {rows_per_shard}")
+    out = Path(output)
+    if out.is_dir():
+        raise ConfigError(f"--output {str(out)!r} is a folder; give the .jsonl.packed file to write")
+    folder = out.parent
+    paths = expand_inputs(inputs)
+    folder.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    times: dict[str, float] = {}
+    mpath = mf.manifest_path(out)
     L = encoder.seq_length
-    bins = packer(costs, L) if costs.size else []
-    order = list(range(len(bins)))
-    if seed is not None:
-        random.Random(seed).shuffle(order)
-    tmp = dst.with_name(dst.name + ".tmp")
-    with open(src, "rb") as f, open(tmp, "w", encoding="utf-8") as out:
-        for b in tqdm(order, desc="writing rows", unit="row", disable=not progress):
-            messages: list[dict] = []
-            for item in sorted(bins[b]):
-                f.seek(int(offsets[item]))
-                where = wheres[item].rsplit("#", 1)[0]
-                conv = encoder.conversations(parse_json_line(f.readline(), where), where)[index_in_line[item]]
-                messages.extend(_with_system(conv)[0])
-            out.write(json.dumps({encoder.chat_key: messages}, ensure_ascii=False) + "\n")
-    tmp.replace(dst)
-    return PackSummary(
-        input_lines=lines, conversations=int(costs.size), rows=len(bins),
-        fill_ratio=fill_ratio(costs, bins, L), tokens=int(np.minimum(costs, L).sum()),
-        seq_length=L, algorithm=algorithm, added_system_messages=added,
-        oversized=[wheres[i] for i in np.flatnonzero(costs > L).tolist()],
-    )
+
+    with engine:
+        t = time.perf_counter()
+        options = mf.pack_options(encoder.signature(), algorithm, seed, rows_per_shard, on_error,
+                                  describe_inputs(paths))
+        times["hash"] = time.perf_counter() - t
+        old, stale = _previous(mpath, options, notes)
+        if old is not None and old.get("complete") and all(mf.shard_is_complete(folder, s) for s in old["shards"]):
+            notes.append(f"note: every shard of {mpath.name} is complete already; nothing to write")
+            return _summary(old, mpath, engine.name, len(old["shards"]), notes, times)
+
+        t = time.perf_counter()
+        key = mf.counts_key(options)
+        counted = mf.load_counts(mf.counts_path(out), key) if old is not None else None
+        if counted is not None:
+            notes.append(f"note: reused the counts of the interrupted run ({mf.counts_path(out).name})")
+        else:
+            total = sum(p.stat().st_size for p in paths)
+            blocks = split_blocks(paths, block_size or engine.block_size(total))
+            with tqdm(total=total, unit="B", unit_scale=True, desc="counting", disable=not progress) as bar:
+                counted = engine.count(blocks, encoder, on_error, bar)
+        times["count"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        bins, order = pack_rows(counted.costs, L, algorithm, seed)
+        names = shard_names(out, len(bins), rows_per_shard)
+        rows = shard_rows(len(bins), len(names), rows_per_shard)
+        times["pack"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        manifest = {"format": mf.FORMAT, "version": mf.VERSION, "output": out.name, **options,
+                    "counts": _counts_section(counted, bins, L),
+                    "shards": [{"file": n, "rows": r, "bytes": None, "sha256": None, "complete": False}
+                               for n, r in zip(names, rows)],
+                    "complete": False}
+        done: set[int] = set()
+        for k, entry in enumerate((old or {}).get("shards", [])[:len(names)]):
+            if entry["file"] == names[k] and entry.get("rows") == rows[k] and mf.shard_is_complete(folder, entry):
+                manifest["shards"][k] = entry
+                done.add(k)
+        if old is not None:
+            notes.append(f"note: resumed {mpath.name}: {len(done)} of {len(names)} shards complete already, kept")
+        _remove_stale(folder, stale, set(names), out)
+        if len(done) < len(names):
+            mf.save_counts(mf.counts_path(out), counted, key)
+        mf.save_manifest(mpath, manifest)
+
+        jobs = shard_jobs(folder, names, bins, order, rows_per_shard, counted.files, counted.offsets,
+                          counted.index_in_line, wanted=set(range(len(names))) - done)
+        del bins, order
+        pause = int(os.environ.get(PAUSE_ENV, "0") or 0)
+        written = 0
+        with tqdm(total=sum(int(j.row_lengths.shape[0]) for j in jobs), desc="writing rows", unit="row",
+                  disable=not progress) as bar:
+            def on_done(result: dict) -> None:
+                nonlocal written
+                entry = manifest["shards"][result["shard"]]
+                entry.update(rows=result["rows"], bytes=result["bytes"], sha256=result["sha256"], complete=True)
+                mf.save_manifest(mpath, manifest)
+                bar.update(result["rows"])
+                written += 1
+                if pause and written >= pause:
+                    while True:                         # test hook (PAUSE_ENV): wait to be killed
+                        time.sleep(3600)
+
+            engine.write([str(p) for p in paths], encoder.chat_key, jobs, on_done)
+        manifest["complete"] = True
+        mf.save_manifest(mpath, manifest)
+        mf.counts_path(out).unlink(missing_ok=True)
+        times["write"] = time.perf_counter() - t
+    return _summary(manifest, mpath, engine.name, len(done), notes, times)
+
+
+def pack_file(input_path: str | Path | Sequence[str | Path], output_path: str | Path,
+              encoder: MegatronSFTPackedEncoder, algorithm: str = "best_fit_decreasing", seed: Optional[int] = 0,
+              progress: bool = True, **options: Any) -> PackSummary:
+    """:func:`pack` with the single-process engine (``options``: the other arguments of ``pack``)."""
+    return pack(input_path, output_path, encoder, algorithm=algorithm, seed=seed, progress=progress, **options)

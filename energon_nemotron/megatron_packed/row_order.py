@@ -1,7 +1,9 @@
-"""Where each row of a ``.jsonl.packed`` file starts, and the order a training epoch reads rows in.
+"""Where each row of a ``.jsonl.packed`` file (or of a manifest's shards) starts, and the order a
+training epoch reads rows in.
 
 A shuffled epoch reads rows by byte offset, so the file is indexed once (one streamed pass, no
-parsing): memory holds two int64 per row (offset, line number), never the file's bytes.
+parsing): memory holds two int64 and one int32 per row (offset, line number, file), never the
+file's bytes.
 """
 
 from __future__ import annotations
@@ -10,35 +12,40 @@ import hashlib
 import os
 from array import array
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 
 import numpy as np
 
 
 class RowIndex:
-    """Byte offset and line number of every row (non-blank line) of ``path``.
+    """Byte offset, line number and file of every row (non-blank line) of ``paths`` (one file, or
+    the shards of a manifest: their rows back to back, in order).
 
-    ``offsets``, ``lines``: int64 [N]; row ``i`` starts at byte ``offsets[i]`` on line
-    ``lines[i]`` (lines count from 1). ``stale()`` tells whether the file changed since.
+    ``offsets``, ``lines``: int64 [N]; ``files``: int32 [N] (index into ``paths``); row ``i`` starts
+    at byte ``offsets[i]`` on line ``lines[i]`` (lines count from 1) of ``paths[files[i]]``.
+    ``stale()`` tells whether a file changed since.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, paths: str | Path | Sequence[str | Path]) -> None:
+        self.paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+        self.path = self.paths[0]
         self.signature = self._signature()
-        offsets, lines = array("q"), array("q")
-        position = 0
-        with open(self.path, "rb") as f:
-            for line_no, raw in enumerate(f, 1):
-                if raw.strip():
-                    offsets.append(position)
-                    lines.append(line_no)
-                position += len(raw)
+        offsets, lines, files = array("q"), array("q"), array("i")
+        for fi, path in enumerate(self.paths):
+            position = 0
+            with open(path, "rb") as f:
+                for line_no, raw in enumerate(f, 1):
+                    if raw.strip():
+                        offsets.append(position)
+                        lines.append(line_no)
+                        files.append(fi)
+                    position += len(raw)
         self.offsets = np.frombuffer(offsets, dtype=np.int64) if offsets else np.zeros(0, np.int64)
         self.lines = np.frombuffer(lines, dtype=np.int64) if lines else np.zeros(0, np.int64)
+        self.files = np.frombuffer(files, dtype=np.int32) if files else np.zeros(0, np.int32)
 
-    def _signature(self) -> tuple[int, int]:
-        st = os.stat(self.path)
-        return st.st_size, st.st_mtime_ns
+    def _signature(self) -> list[tuple[int, int]]:
+        return [(st.st_size, st.st_mtime_ns) for st in (os.stat(p) for p in self.paths)]
 
     def stale(self) -> bool:
         return self._signature() != self.signature
@@ -46,10 +53,12 @@ class RowIndex:
     def __len__(self) -> int:
         return int(self.offsets.shape[0])
 
-    def read(self, f: BinaryIO, row: int) -> tuple[int, bytes]:
-        """(line number, raw line) of row ``row``, read from ``f`` (this file, opened ``rb``)."""
-        f.seek(int(self.offsets[row]))
-        return int(self.lines[row]), f.readline()
+    def read(self, f: BinaryIO | Sequence[BinaryIO], row: int) -> tuple[int, bytes]:
+        """(line number, raw line) of row ``row``, read from ``f`` (the file, or one open file per
+        path, opened ``rb``)."""
+        handle = f[int(self.files[row])] if isinstance(f, (list, tuple)) else f
+        handle.seek(int(self.offsets[row]))
+        return int(self.lines[row]), handle.readline()
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
