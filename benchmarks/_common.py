@@ -97,12 +97,15 @@ class _TextMaker:
         return "".join(out[:-1]) + "\n"
 
 
-def _conversation(maker: _TextMaker) -> list[dict]:
+def conversation(maker: _TextMaker, system=(8, 60), exchanges=(1, 4), user=(20, 200),
+                 assistant=(50, 600)) -> list[dict]:
+    """A system prompt and some user/assistant exchanges; each range is (min, max) words (or
+    exchanges), drawn uniformly from ``maker``'s generator."""
     rng = maker.rng
-    msgs = [{"role": "system", "content": maker.text(rng.randint(8, 60))}]
-    for _ in range(rng.randint(1, 4)):
-        msgs.append({"role": "user", "content": maker.text(rng.randint(20, 200))})
-        msgs.append({"role": "assistant", "content": maker.text(rng.randint(50, 600))})
+    msgs = [{"role": "system", "content": maker.text(rng.randint(*system))}]
+    for _ in range(rng.randint(*exchanges)):
+        msgs.append({"role": "user", "content": maker.text(rng.randint(*user))})
+        msgs.append({"role": "assistant", "content": maker.text(rng.randint(*assistant))})
     return msgs
 
 
@@ -121,7 +124,7 @@ def realistic_rows(n_rows: int, seed: int = 0, target_tokens: int = 8192,
     for _ in range(n_rows):
         convs, est = [], 0.0
         while len(convs) < 6:
-            conv = _conversation(maker)
+            conv = conversation(maker)
             size = sum(len(m["content"]) for m in conv) / chars_per_token
             if len(convs) >= 2 and est + size > target_tokens:
                 break

@@ -42,12 +42,7 @@ PER_CORE_GOAL = 0.85
 def scale_conversation(maker: "C._TextMaker") -> list[dict]:
     """A system prompt and 1–2 exchanges; every content ends with a newline (turn boundaries are
     token boundaries, as masked formats require)."""
-    rng = maker.rng
-    msgs = [{"role": "system", "content": maker.text(rng.randint(4, 20))}]
-    for _ in range(rng.randint(1, 2)):
-        msgs.append({"role": "user", "content": maker.text(rng.randint(5, 40))})
-        msgs.append({"role": "assistant", "content": maker.text(rng.randint(10, 90))})
-    return msgs
+    return C.conversation(maker, system=(4, 20), exchanges=(1, 2), user=(5, 40), assistant=(10, 90))
 
 
 def corpus(n: int) -> list[Path]:
