@@ -204,10 +204,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()              # inside the try: a reader that went away is handled below
+        return code
     except (DataError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:             # the reader went away (`... | head`): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

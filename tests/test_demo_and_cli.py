@@ -46,3 +46,14 @@ def test_bad_row_exits_2_naming_file_and_line(tmp_path, capsys):
     code = main(["inspect-megatron", str(path), "--tokenizer", str(FIXTURE_TOKENIZER), "--seq-length", "96"])
     assert code == 2
     assert "bad.jsonl.packed:1: message 0 (user) content must be a string, got int" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    """``energon-nemotron cookers | head -1`` where the reader has gone before the output is
+    written: no traceback, no "Exception ignored", exit status 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "energon_nemotron.cli", "cookers"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()                         # the reader goes away before the command writes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
