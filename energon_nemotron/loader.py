@@ -18,7 +18,7 @@ dropped and counted by reason in ``PackedBatch.skipped``). ``Loader.state_dict()
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
@@ -44,8 +44,10 @@ def _config(config: ConfigLike) -> LoaderConfig:
     return config if isinstance(config, LoaderConfig) else load_config(config)
 
 
-def build_task_encoder(config: ConfigLike):
-    """The configured task encoder; its ``options`` are validated by the encoder's own model."""
+def build_task_encoder(config: ConfigLike, subclass: Optional[Callable[[type], type]] = None):
+    """The configured task encoder; its ``options`` are validated by the encoder's own model.
+    ``subclass``: builds the class to instantiate from the registered one (e.g. the phase-1 reader
+    of ``stats``), so it is constructed exactly as the loader constructs it."""
     cfg = _config(config)
     try:
         cls = TASK_ENCODERS.get(cfg.task_encoder.name)
@@ -61,6 +63,8 @@ def build_task_encoder(config: ConfigLike):
         raise ConfigError(format_validation_error(e, "task_encoder.options")) from None
     check_media_roots(cfg.data)
     roots = {"media_roots": cfg.data.media_roots} if cfg.data.media_roots else {}
+    if subclass is not None:
+        cls = subclass(cls)
     return cls(cfg.tokenizer, options, packing=cfg.packing, default_cooker=cfg.data.default_cooker,
                seed=cfg.loader.seed, **roots)
 

@@ -113,7 +113,7 @@ def phase1_class(base: type) -> type:
     """``base`` (a task encoder class of this library) as a phase-1-only reader: ``preencode_sample``
     yields a :class:`Measured` record for every sample (read, or failed in phase 1), and
     ``build_batch`` adds nothing after it (no ``postencode_sample``: nothing decoded; no packing, no
-    batching). A direct subclass, so that a built encoder can take it as its class."""
+    batching). ``build_task_encoder(cfg, subclass=phase1_class)`` builds it as the loader builds the encoder."""
 
     class Phase1(base):
         __slots__ = ()
@@ -171,8 +171,7 @@ def stats_encoder(cfg: LoaderConfig) -> Any:
     tolerance off) and its own skip counting is off (the records count)."""
     from energon_nemotron.loader import build_task_encoder
 
-    encoder = build_task_encoder(cfg)
-    encoder.__class__ = phase1_class(type(encoder))
+    encoder = build_task_encoder(cfg, subclass=phase1_class)
     encoder.__default_failure_tolerance__ = 0
     encoder.skipped_counts = _NoCount()
     encoder._fitted = None
