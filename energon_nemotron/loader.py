@@ -34,8 +34,10 @@ from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS
 from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
 from energon_nemotron.media.handlers import MEDIA_COUNTERS
 from energon_nemotron.skip_limits import apply_limits
+from energon_nemotron.fingerprint import fingerprint
 from energon_nemotron.telemetry import LoaderStats, SharedCounter
 from energon_nemotron.registry import TASK_ENCODERS
+from energon_nemotron.validation import EvenedValidation, padding_batch
 
 ConfigLike = Union[LoaderConfig, str, Path, dict]
 
@@ -246,51 +248,6 @@ class Loader:
             self._start = start_point(self.inner)
 
 
-def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
-    """Everything that changes the stream of batches: data (paths, split, and per file that shapes an
-    Energon source a ``"{split} file {path}"`` sha256: metadataset YAMLs, each dataset's dataset.yaml,
-    split.yaml, .info, index.uuid or .jsonl.idx), the media roots (when set: they change which files
-    are read), cookers, task encoder and options, packing, tokenizer files, loader settings, rank
-    layout, seed, library version."""
-    from energon_nemotron import __version__
-    from energon_nemotron.dataset_check import stream_digests
-    from energon_nemotron.registry import COOKERS
-    from energon_nemotron.state import file_digest
-
-    def source(src) -> Any:
-        if src is None:
-            return None
-        out = src.model_dump(mode="json")
-        if isinstance(src, MegatronSource):      # an Energon source's files: stream_digests below
-            index = Path(src.path).with_name(Path(src.path).name + ".idx")
-            out["index"] = file_digest(index) if index.is_file() else None
-            manifest = Path(src.path) if src.path.name.endswith(".manifest.json") else \
-                Path(src.path).with_name(Path(src.path).name + ".manifest.json")
-            if manifest.is_file():               # pack-megatron's record of the shards (sha256 each)
-                out["manifest"] = file_digest(manifest)
-        return out
-
-    def files(name: str, src) -> dict:
-        return stream_digests(name, src.path, src.split) if isinstance(src, EnergonSource) else {}
-
-    tok = Path(cfg.tokenizer)
-    return {
-        "library_version": __version__,
-        "split": split, "repeat": repeat,
-        "train": source(cfg.data.train), "validation": source(cfg.data.validation),
-        "default_cooker": cfg.data.default_cooker, "cookers": COOKERS.names(),
-        # only when set, so that states saved without roots keep their fingerprint
-        **({"media_roots": [str(Path(p).resolve()) for p in cfg.data.media_roots]} if cfg.data.media_roots else {}),
-        "task_encoder": cfg.task_encoder.model_dump(mode="json"),
-        "packing": cfg.packing.model_dump(mode="json") if cfg.packing else None,
-        "tokenizer": file_digest(*tok.glob("*")) if tok.is_dir() else str(tok),
-        # logging and the skip limits (which only stop a broken run) never change the stream
-        "loader": cfg.loader.model_dump(mode="json", exclude={"log_every", "max_skip_fraction",
-                                                              "max_consecutive_skips"}),
-        **files("train", cfg.data.train), **files("validation", cfg.data.validation),
-    }
-
-
 def build_train_loader(config: ConfigLike, repeat: bool = True, dp_rank: Optional[int] = None,
                        dp_size: Optional[int] = None) -> Loader:
     """Batches of the training split for one data-parallel rank (``repeat=False``: one epoch,
@@ -310,64 +267,5 @@ def build_val_loader(config: ConfigLike, dp_rank: Optional[int] = None, dp_size:
     return EvenedValidation(cfg, group)
 
 
-class EvenedValidation:
-    """A rank's validation batches, then padding batches up to the largest rank's count."""
-
-    def __init__(self, cfg: LoaderConfig, group: Any = None) -> None:
-        self.cfg = cfg
-        self.group = group
-        self._loader: Optional[Loader] = None
-
-    def _count(self, rank: int) -> int:
-        other = _with_dp(self.cfg, rank, self.cfg.loader.dp_size)
-        return sum(1 for _ in _build(other, validation=True, repeat=False))
-
-    def _max_count(self, mine: int) -> int:
-        if self.cfg.loader.dp_size == 1:
-            return mine
-        if self.group is not None:
-            import torch.distributed as dist
-
-            t = torch.tensor([mine], dtype=torch.int64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-            return int(t.item())
-        me = self.cfg.loader.dp_rank
-        return max([mine] + [self._count(r) for r in range(self.cfg.loader.dp_size) if r != me])
-
-    def skipped(self) -> dict[str, int]:
-        """Samples skipped by this rank's pass, by reason."""
-        return self._loader.skipped() if self._loader is not None else {}
-
-    def telemetry(self) -> dict:
-        """The telemetry of this rank's real batches (padding batches excluded)."""
-        if self._loader is None:
-            return LoaderStats(SkipCounter(), None).as_dict()
-        return self._loader.telemetry()
-
-    def __iter__(self):
-        last, n = None, 0
-        self._loader = _build(self.cfg, validation=True, repeat=False)
-        for batch in self._loader:
-            last, n = batch, n + 1
-            yield batch
-        for _ in range(self._max_count(n) - n):
-            yield padding_batch(last, self.cfg)
-
-
-def padding_batch(template, cfg: LoaderConfig):
-    """A batch that trains nothing: ``template`` with its loss mask zeroed, or (a rank that got no
-    data at all) one row of pad ids."""
-    from energon_nemotron.types import IGNORE_INDEX, PackedBatch
-
-    if template is not None:
-        return template._replace(loss_mask=torch.zeros_like(template.loss_mask),
-                                 is_padding=[True] * template.batch_size, skipped={})
-    s = int(cfg.task_encoder.options.get("seq_length", 1))
-    bounds = torch.tensor([0, s], dtype=torch.int32)
-    return PackedBatch(tokens=torch.zeros(1, s, dtype=torch.int64),
-                       labels=torch.full((1, s), IGNORE_INDEX, dtype=torch.int64),
-                       loss_mask=torch.zeros(1, s), position_ids=torch.arange(s).unsqueeze(0),
-                       cu_seqlens=[torch.tensor([0, 0], dtype=torch.int32)], cu_seqlens_padded=[bounds],
-                       max_seqlen=[s], sample_keys=[[]], is_padding=[True])
-
-
+__all__ = ["Loader", "build_task_encoder", "build_train_loader", "build_val_loader", "fingerprint",
+           "EvenedValidation", "padding_batch"]
