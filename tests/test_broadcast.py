@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from energon_nemotron.media.packed_tensor import PackedTensor
 from energon_nemotron.parallel.broadcast import (
-    _decode_header, batches_equal, broadcast_packed_batch, packed_batch_from_wire, packed_batch_to_wire)
+    WIRE_VERSION, _decode_header, batches_equal, broadcast_packed_batch, packed_batch_from_wire, packed_batch_to_wire)
 from energon_nemotron.types import PackedBatch
 
 
@@ -107,6 +107,31 @@ def test_media_round_trip_is_bit_exact():
     assert out.media["video_bf16"].offsets.tolist() == [0, 2, 2]
     assert out.media["sound_features"].feature_shape == (5, 128)
     assert not batches_equal(out, media_batch(4))
+
+
+def test_deduplicated_media_round_trip_once():
+    """A ``DedupPackedTensor`` travels as its segment table (header) and its store (buffers): the
+    receiver rebuilds the same structure, and the buffers hold each shared segment once."""
+    batch = media_batch(6)
+    g = torch.Generator().manual_seed(6)
+    img, frame = torch.randn(5, 12, generator=g), torch.randn(2, 12, generator=g)
+    plain = PackedTensor.from_list([img, torch.cat([frame, frame]), img])
+    batch.media["pixel_values"] = PackedTensor.from_keyed([img, [frame, frame], img], ["i", ["f", "f"], "i"])
+    header, buffers = packed_batch_to_wire(batch)
+    out = packed_batch_from_wire(json.loads(json.dumps(header)), buffers)
+    assert batches_equal(out, batch)
+    got = out.media["pixel_values"]
+    assert got.is_deduplicated and got.same_structure(batch.media["pixel_values"]) and got.equal(plain)
+    assert got.keys == ("i", "f")
+    as_plain = dataclasses.replace(batch, media={**batch.media, "pixel_values": plain})
+    nbytes = lambda bufs: sum(b.numel() for b in bufs.values())  # noqa: E731
+    saved = nbytes(packed_batch_to_wire(as_plain)[1]) - nbytes(buffers)
+    assert saved == plain.physical_nbytes - (5 + 2) * 12 * 4 == (5 + 2) * 12 * 4
+    assert not batches_equal(as_plain, batch)                 # same items, another layout: not the same batch
+    wire = next(e for n, e in header["media"] if n == "pixel_values")["wire"]
+    wire["dedup"]["segment_ids"] = [0, 1, 0, 0]               # a table the offsets disagree with
+    with pytest.raises(ValueError, match="disagree"):
+        packed_batch_from_wire(header, buffers)
 
 
 def test_batches_equal_is_strict():
@@ -206,7 +231,8 @@ def test_wrong_buffers_are_rejected():
 
 
 @pytest.mark.parametrize("raw, match", [(b"\xff\xfe", "UTF-8 JSON"), (b"{not json", "UTF-8 JSON"),
-                                        (b"[1, 2]", "JSON object"), (b'{"version": 1}', "lacks")])
+                                        (b"[1, 2]", "JSON object"),
+                                        (json.dumps({"version": WIRE_VERSION}).encode(), "lacks")])
 def test_header_bytes_are_checked(raw, match):
     with pytest.raises(ValueError, match=match):
         _decode_header(raw)

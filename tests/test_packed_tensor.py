@@ -324,3 +324,190 @@ def test_dtype_names_round_trip():
             dtype_from_name(bad)
     with pytest.raises(TypeError):
         dtype_name("float32")
+
+
+# ---------------------------------------------------------------- deduplicated store (from_keyed)
+
+
+@st.composite
+def keyed(draw, dtypes=(torch.float32,)):
+    """(items as segment lists, keys, plain equivalent items, feature_shape, dtype): up to 5 distinct
+    sources of 0..4 rows; each of up to 6 items references 0..3 of them (repeats likely)."""
+    feature_shape = draw(st.sampled_from(FEATURE_SHAPES))
+    dtype = draw(st.sampled_from(list(dtypes)))
+    lengths = draw(st.lists(st.integers(0, 4), min_size=1, max_size=5))
+    seed = draw(st.integers(0, 2**16))
+    sources = [make_item(n, feature_shape, dtype, seed + k) for k, n in enumerate(lengths)]
+    refs = draw(st.lists(st.lists(st.integers(0, len(sources) - 1), max_size=3), max_size=6))
+    items = [[sources[r] for r in item] for item in refs]
+    keys = [[f"src{r}" for r in item] for item in refs]
+    plain = [torch.cat(i) if i else torch.empty((0, *feature_shape), dtype=dtype) for i in items]
+    return items, keys, plain, feature_shape, dtype
+
+
+def keyed_pair(case):
+    items, keys, plain, feature_shape, dtype = case
+    return (PackedTensor.from_keyed(items, keys, feature_shape=feature_shape, dtype=dtype),
+            pack(plain, feature_shape, dtype))
+
+
+@settings(max_examples=80, deadline=None)
+@given(keyed(dtypes=WIRE_DTYPES), st.data())
+def test_dedup_and_plain_agree_through_the_logical_api(case, data):
+    dd, pt = keyed_pair(case)
+    assert dd.is_deduplicated and not pt.is_deduplicated and isinstance(dd, PackedTensor)
+    assert len(dd) == len(pt) and dd.feature_shape == pt.feature_shape and dd.dtype == pt.dtype
+    assert dd.device == pt.device and torch.equal(dd.offsets, pt.offsets) and dd.offsets.dtype == torch.int64
+    assert torch.equal(dd.lengths(), pt.lengths())
+    assert same_bits(dd.as_tensor(), pt.as_tensor()) and same_bits(dd.data, pt.data)
+    for k in range(len(pt)):
+        assert same_bits(dd[k], pt[k]) and same_bits(dd[k - len(pt)], pt[k])
+    assert all(same_bits(a, b) for a, b in zip(dd, pt)) and len(list(dd)) == len(pt)
+    assert dd.equal(pt) and pt.equal(dd) and dd.equal(dd)
+    # physical <= logical; distinct keys stored once
+    assert dd.logical_nbytes == pt.physical_nbytes == pt.logical_nbytes
+    distinct = {k: t for item_keys, item in zip(case[1], case[0]) for k, t in zip(item_keys, item)}
+    assert dd.physical_nbytes == sum(t.numel() * t.element_size() for t in distinct.values())
+    # slices, and concat of slices (dedup kept across parts: stored at most once per key)
+    n = len(pt)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
+    bounds = [0, *cuts, n]
+    parts = [dd.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    for (a, b), part in zip(zip(bounds[:-1], bounds[1:]), parts):
+        assert part.is_deduplicated and part.equal(pt.slice(a, b))
+    joined = PackedTensor.concat(parts)
+    assert joined.is_deduplicated and joined.equal(pt) and joined.physical_nbytes == dd.physical_nbytes
+    mixed = PackedTensor.concat([dd, pt, dd])
+    assert mixed.equal(PackedTensor.concat([pt, pt, pt]))
+    assert mixed.physical_nbytes == dd.physical_nbytes + pt.physical_nbytes  # the second dd is shared
+    # pickle and wire: the same items and the same segment table
+    for back in (pickle.loads(pickle.dumps(dd)),
+                 PackedTensor.from_wire(json.loads(json.dumps(dd.wire_header())), dd.wire_buffer().clone())):
+        assert back.is_deduplicated and back.same_structure(dd) and back.equal(pt) and back.keys == dd.keys
+    assert dd.wire_buffer().numel() == dd.physical_nbytes
+
+
+def test_dedup_to_equal_and_cast():
+    a, b = torch.randn(3, 4), torch.randn(2, 4)
+    dd = PackedTensor.from_keyed([a, [b, a], a], ["a", ["b", "a"], "a"])
+    pt = PackedTensor.from_list([a, torch.cat([b, a]), a])
+    half = dd.to(torch.bfloat16)
+    assert half.is_deduplicated and half.dtype == torch.bfloat16 and half.equal(pt.to(torch.bfloat16))
+    assert half.same_structure(dd) and dd.dtype == torch.float32              # the original is untouched
+    assert dd.to("cpu").equal(pt) and dd.to(device="cpu", dtype=torch.float32).same_structure(dd)
+    ints = PackedTensor.from_keyed([torch.ones(2, 2, dtype=torch.int32)] * 2, ["x", "x"])
+    assert ints.to(dtype=torch.bfloat16).dtype == torch.int32
+    with pytest.raises(TypeError):
+        dd.to(dtype=torch.int64)
+    assert not dd.equal(PackedTensor.from_list([a, torch.cat([a, b]), a]))    # same rows, other order
+    assert not dd.equal(PackedTensor.from_list([a, torch.cat([b, a]), a + 1]))  # same offsets, other rows
+    assert not dd.equal(pt.to(dtype=torch.float64)) and not dd.equal(pt.as_tensor())
+    text = repr(dd)
+    assert "segments=2" in text and "stored_rows=5" in text and "rows=11" in text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_dedup_pin_memory_and_device():
+    a = torch.randn(3, 4)
+    dd = PackedTensor.from_keyed([a, a], ["a", "a"])
+    pinned = dd.pin_memory()
+    assert pinned.store.is_pinned() and pinned.offsets.is_pinned() and pinned.equal(dd)
+    on_gpu = pinned.to("cuda", non_blocking=True)
+    assert on_gpu.store.device.type == "cuda" and on_gpu.offsets.device.type == "cuda"
+    assert on_gpu[1].device.type == "cuda" and on_gpu.to("cpu").equal(dd)
+
+
+def test_dedup_materializes_lazily_and_shares_the_store():
+    a, b, f = torch.randn(3, 4), torch.randn(2, 4), torch.randn(2, 4)
+    unique = PackedTensor.from_keyed([a, [b, f]], ["a", ["b", "f"]])
+    assert unique._logical is None and unique.data.data_ptr() == unique.store.data_ptr()  # nothing shared: no copy
+    assert unique.data.shape == unique.store.shape
+    dd = PackedTensor.from_keyed([a, [b, f, f], a], ["a", ["b", "f", "f"], "a"])
+    assert dd.store.shape[0] == 7 and dd.offsets.tolist() == [0, 3, 9, 12]
+    assert dd[2].data_ptr() == dd.store.data_ptr() and dd._logical is None    # one segment: a view
+    assert dd[1].untyped_storage().data_ptr() != dd.store.untyped_storage().data_ptr()  # [b, f, f]: a copy
+    data = dd.data
+    assert data is dd.as_tensor() and data.shape == (12, 4)                    # built once, cached
+    state = dd.__getstate__()
+    assert "_logical" not in state and set(state) == {"store", "segment_offsets", "item_ptr", "segment_ids",
+                                                      "keys", "offsets"}
+    assert len(pickle.dumps(dd)) < dd.physical_nbytes + 2000 < dd.logical_nbytes + 2000
+    assert pickle.loads(pickle.dumps(dd))._logical is None
+    # a plain PackedTensor is what it was: data a plain attribute, no store
+    pt = PackedTensor.from_list([a, b])
+    assert type(pt) is PackedTensor and "data" in vars(pt) and pt.physical_nbytes == pt.logical_nbytes == 80
+
+
+def test_dedup_shared_memory_and_empty():
+    a = torch.randn(3, 4)
+    dd = PackedTensor.from_keyed([a, a, [a, a]], ["a", "a", ["a", "a"]], shared=True)
+    assert dd.store.is_shared() and dd.store.shape == (3, 4) and dd.logical_nbytes == 4 * dd.physical_nbytes
+    e = PackedTensor.from_keyed([], [], feature_shape=(2, 3), dtype=torch.bfloat16)
+    assert e.is_deduplicated and len(e) == 0 and e.as_tensor().shape == (0, 2, 3) and e.offsets.tolist() == [0]
+    assert PackedTensor.from_wire(e.wire_header(), e.wire_buffer()).equal(e)
+    z = PackedTensor.from_keyed([[], torch.zeros(0, 4)], [[], None])             # items with no rows
+    assert z.offsets.tolist() == [0, 0, 0] and z[0].shape == (0, 4) and z.slice(1, 2).equal(z.slice(0, 1))
+
+
+def test_dedup_errors():
+    a = torch.randn(3, 4)
+    with pytest.raises(ValueError, match=r"key 'a': item 1 segment 0 .*\(2, 4\).*\(3, 4\)"):
+        PackedTensor.from_keyed([a, torch.randn(2, 4)], ["a", "a"])
+    with pytest.raises(ValueError, match="key 'a'.*float64"):
+        PackedTensor.from_keyed([a, a.double()], ["a", "a"])
+    with pytest.raises(ValueError, match="item 1 segment 0 .*feature shape"):
+        PackedTensor.from_keyed([a, torch.randn(2, 5)], ["a", "b"])
+    with pytest.raises(ValueError, match="item 1 segment 0 .*float64"):
+        PackedTensor.from_keyed([a, a.double()], ["a", "b"])
+    with pytest.raises(ValueError, match="2 items but 1 keys"):
+        PackedTensor.from_keyed([a, a], ["a"])
+    with pytest.raises(ValueError, match="item 0 has 2 segments but 1 keys"):
+        PackedTensor.from_keyed([[a, a]], [["a"]])
+    with pytest.raises(ValueError, match="feature_shape and dtype"):
+        PackedTensor.from_keyed([], [])
+    with pytest.raises(ValueError, match="expected"):
+        PackedTensor.from_keyed([a], ["a"], feature_shape=(5,))
+    with pytest.raises(TypeError):
+        PackedTensor.from_keyed([a, a], [["un", "hashable"], "b"])
+    # concat: the same key in two parts with other shapes
+    with pytest.raises(ValueError, match="key 'a'"):
+        PackedTensor.concat([PackedTensor.from_keyed([a], ["a"]), PackedTensor.from_keyed([a[:1]], ["a"])])
+    with pytest.raises(ValueError, match="part 1"):
+        PackedTensor.concat([PackedTensor.from_keyed([a], ["a"]), PackedTensor.from_list([torch.ones(1, 5)])])
+    # the checked constructor
+    from energon_nemotron.media.dedup_tensor import DedupPackedTensor
+
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    DedupPackedTensor(torch.zeros(5, 2), t([0, 2, 5]), t([0, 1, 3]), t([1, 0, 1]), ["x", "y"])
+    for args, match in [((t([0, 2, 4]), t([0, 1]), t([0])), "store rows"),
+                        ((t([0, 3, 2, 5]), t([0, 1]), t([0])), "non-decreasing"),
+                        ((t([0, 2, 5]), t([0, 2]), t([0])), "segment references"),
+                        ((t([0, 2, 5]), t([0, 1]), t([2])), r"\[0, 2\)"),
+                        ((t([0, 2, 5]), t([1, 1]), t([0])), "start with 0")]:
+        with pytest.raises(ValueError, match=match):
+            DedupPackedTensor(torch.zeros(5, 2), *args)
+    with pytest.raises(ValueError, match="distinct"):
+        DedupPackedTensor(torch.zeros(5, 2), t([0, 2, 5]), t([0, 1]), t([0]), ["x", "x"])
+    with pytest.raises(ValueError, match="1 keys for 2 segments"):
+        DedupPackedTensor(torch.zeros(5, 2), t([0, 2, 5]), t([0, 1]), t([0]), ["x"])
+
+
+def test_dedup_from_wire_rejects_bad_input():
+    a = torch.randn(3, 4)
+    dd = PackedTensor.from_keyed([a, [a, a]], ["a", ["a", "a"]])
+    header, buffer = dd.wire_header(), dd.wire_buffer()
+    assert buffer.numel() == 48 and header["offsets"] == [0, 3, 9] and header["dedup"]["segment_ids"] == [0, 0, 0]
+    with pytest.raises(ValueError, match="bytes"):
+        PackedTensor.from_wire(header, buffer[:-4])
+    with pytest.raises(ValueError, match="disagree"):
+        PackedTensor.from_wire({**header, "offsets": [0, 6, 9]}, buffer)
+    with pytest.raises(ValueError, match="malformed"):
+        PackedTensor.from_wire({**header, "dedup": {"item_ptr": [0, 1]}}, buffer)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        PackedTensor.from_wire({**header, "dedup": {**header["dedup"], "segment_ids": [0, 1, 0]}}, buffer)
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), buffer])[1:]   # misaligned: copied
+    assert PackedTensor.from_wire(header, shifted).equal(dd)
+    # non-str keys travel as stable digests (receivers can still re-intern by them)
+    tup = PackedTensor.from_keyed([a, a], [("img", b"\x01"), ("img", b"\x01")])
+    keys = tup.wire_header()["dedup"]["keys"]
+    assert len(keys) == 1 and keys[0].startswith("#") and keys == tup.wire_header()["dedup"]["keys"]

@@ -14,10 +14,17 @@ Placeholders (token ids spliced where a message references the item):
 - audio: ``<so_start>`` + ``<so_embedding>`` × tokens + ``<so_end>``
 
 Each text piece is tokenized on its own, so nothing merges across a placeholder.
+
+Provenance (``process`` returns ``keys``): a key names what a tensor was made from, so a batch
+stores a segment used several times once (``PackedTensor.from_keyed``): a digest of the payload
+bytes (a file path: of its content as read) with the plan and options that shape the tensor (same
+bytes, another plan: another key). An image or audio item is one segment; a video one segment per
+frame (``"<video key>:<distinct frame>"``), so repeated frames and the same video twice share rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -95,6 +102,28 @@ def read_payload(ref: MediaRef, max_bytes: Optional[int] = None) -> bytes | str 
         raise MediaError(f"{ref.modality} {ref.name}: {size} bytes, over max_media_bytes {max_bytes}",
                          code="media_too_large")
     return payload
+
+
+def payload_digest(payload: bytes | str | os.PathLike) -> str:
+    """Hex BLAKE2b-128 of the payload's bytes (a path: of the file's content, read in 1 MiB blocks)."""
+    h = hashlib.blake2b(digest_size=16)
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        h.update(payload)
+        return h.hexdigest()
+    try:
+        with open(payload, "rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                h.update(block)
+    except OSError as e:
+        raise MediaError(f"{payload}: {e}") from None
+    return h.hexdigest()
+
+
+def provenance_key(modality: str, digest: str, plan: Any, options: Any = None) -> str:
+    """The key of a processed item: ``modality``, the payload ``digest`` and the ``repr`` of the
+    (frozen dataclass) ``plan`` and ``options`` that shape its tensor, hashed (hex, 32 chars)."""
+    text = "\x1f".join((modality, digest, repr(plan), repr(options)))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @dataclass
@@ -188,10 +217,12 @@ class MediaHandlers:
         raise MediaError(f"unknown modality {ref.modality!r}")
 
     # -- phase 2 ---------------------------------------------------------------------------------
-    def process(self, ref: MediaRef, planned: PlannedMedia) -> dict[str, torch.Tensor]:
+    def process(self, ref: MediaRef, planned: PlannedMedia) -> dict[str, Any]:
         """Decode one planned item. Visual: ``pixels`` float32 [P, 3·p·p], ``sizes`` int32 [units, 2]
         (patch grid per image, tile or frame); audio: ``features`` float32 [clips, F, mel],
-        ``lengths`` int64 [clips]. The result is checked against the plan."""
+        ``lengths`` int64 [clips]. Both: ``keys``, a tuple of provenance keys (str), one per
+        equal-size segment of the rows (``pixels`` / ``features``): one for an image or audio, one
+        per frame for a video (module docstring). The result is checked against the plan."""
         payload = read_payload(ref, self.max_bytes)
         plan = planned.plan
         self.decodes.add(planned.modality)
@@ -203,18 +234,22 @@ class MediaHandlers:
                 self.decodes.add("audio_truncated")
             if features.shape[0] != plan.num_clips:
                 raise MediaError(f"audio decoded into {features.shape[0]} clips, {plan.num_clips} planned")
-            return {"features": features, "lengths": lengths.to(torch.int64)}
+            key = provenance_key("audio", payload_digest(payload), plan, self.audio_options)
+            return {"features": features, "lengths": lengths.to(torch.int64), "keys": (key,)}
         if planned.modality == "image":
             from energon_nemotron.media.image import process_image
 
             pixels = process_image(payload, plan)
             units = plan.num_units
+            keys: tuple[str, ...] = (provenance_key("image", payload_digest(payload), plan),)
         else:
-            from energon_nemotron.media.video import process_video
+            from energon_nemotron.media.video import process_video_frames
 
-            pixels = process_video(payload, plan, self.video_options)
+            pixels, frames = process_video_frames(payload, plan, self.video_options)
             units = plan.num_tubelets * self.video_options.temporal_patch
+            video = provenance_key("video", payload_digest(payload), plan, self.video_options)
+            keys = tuple(f"{video}:{f}" for f in frames)
         if pixels.shape[0] != plan.num_patches:
             raise MediaError(f"{planned.modality} decoded into {pixels.shape[0]} patches, {plan.num_patches} planned")
         sizes = torch.tensor([[plan.grid_h, plan.grid_w]] * units, dtype=torch.int32)
-        return {"pixels": pixels, "sizes": sizes}
+        return {"pixels": pixels, "sizes": sizes, "keys": keys}

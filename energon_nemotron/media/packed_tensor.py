@@ -12,6 +12,12 @@ one audio's clips ``[clips_i, F, 128]``, one item's grid metadata ``[n_i, 2]``).
 ``torch.distributed`` broadcast, ``wire_header()`` is a small JSON-able dict (dtype name, feature
 shape, offsets) and ``wire_buffer()`` one flat uint8 tensor with the data bytes;
 ``PackedTensor.from_wire(header, buffer)`` rebuilds the exact (bit-identical) tensor.
+
+Deduplicated form (:mod:`energon_nemotron.media.dedup_tensor`): ``PackedTensor.from_keyed(items,
+keys)`` stores each distinct segment once (items point at segments through a CSR table; a key names
+a segment's provenance) and returns a ``DedupPackedTensor``, a subclass with the same logical API
+(``data`` is then built lazily). ``physical_nbytes`` / ``logical_nbytes`` tell the two sizes apart;
+for a plain instance they are equal and nothing else changes.
 """
 
 from __future__ import annotations
@@ -47,10 +53,23 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+def _to_args(device: Any, dtype: Optional[torch.dtype], floating: bool) -> tuple[Any, Optional[torch.dtype]]:
+    """``(device, dtype to cast to or None)`` of ``PackedTensor.to(device, dtype)`` for data that is
+    ``floating`` or not (a dtype may come positionally; it must be floating: TypeError)."""
+    if isinstance(device, torch.dtype) and dtype is None:
+        device, dtype = None, device
+    if dtype is not None and not dtype.is_floating_point:
+        raise TypeError(f"PackedTensor.to casts floating data only; dtype must be floating, got {dtype}")
+    return device, (dtype if dtype is not None and floating else None)
+
+
 class PackedTensor:
     """``data``: Tensor ``[sum n_i, *feature_shape]``; ``offsets``: int64 ``[N+1]`` on the same device
     (``offsets[0] == 0``, non-decreasing, ``offsets[-1] == data.shape[0]``). See the module docstring.
     """
+
+    #: whether items point at a deduplicated segment store (``DedupPackedTensor``)
+    is_deduplicated = False
 
     def __init__(self, data: torch.Tensor, offsets: torch.Tensor) -> None:
         if not isinstance(data, torch.Tensor) or data.dim() < 1:
@@ -114,6 +133,17 @@ class PackedTensor:
             return cls._unchecked(torch.cat(items, dim=0, out=out), offsets)
         return cls._unchecked(torch.cat(items, dim=0), offsets)
 
+    @staticmethod
+    def from_keyed(items: Sequence[Any], keys: Sequence[Any], *, feature_shape: Optional[Sequence[int]] = None,
+                   dtype: Optional[torch.dtype] = None, shared: bool = False) -> "PackedTensor":
+        """A deduplicated instance (``DedupPackedTensor.from_keyed``): ``items[i]`` a tensor
+        ``[n_i, *feature_shape]`` with one hashable provenance key ``keys[i]``, or a sequence of
+        segment tensors with one key per segment; each distinct key is stored once (None: never
+        shared); the same key with another shape or dtype is a ValueError."""
+        from energon_nemotron.media.dedup_tensor import DedupPackedTensor
+
+        return DedupPackedTensor.from_keyed(items, keys, feature_shape=feature_shape, dtype=dtype, shared=shared)
+
     @classmethod
     def empty(cls, feature_shape: Sequence[int], dtype: torch.dtype, device: Any = None) -> "PackedTensor":
         """No items: data ``[0, *feature_shape]`` of ``dtype``, offsets ``[0]``."""
@@ -132,6 +162,21 @@ class PackedTensor:
     @property
     def device(self) -> torch.device:
         return self.data.device
+
+    @property
+    def physical_data(self) -> torch.Tensor:
+        """The tensor whose bytes ``wire_buffer`` holds: ``data`` (the segment store when deduplicated)."""
+        return self.data
+
+    @property
+    def physical_nbytes(self) -> int:
+        """Bytes stored (``data``'s; the distinct segments' when deduplicated)."""
+        return self.physical_data.numel() * self.physical_data.element_size()
+
+    @property
+    def logical_nbytes(self) -> int:
+        """Bytes of the logical concatenation ``[sum n_i, *feature_shape]``."""
+        return self.physical_nbytes
 
     def __len__(self) -> int:
         """Number of items N."""
@@ -174,15 +219,14 @@ class PackedTensor:
     @staticmethod
     def concat(parts: Sequence["PackedTensor"]) -> "PackedTensor":
         """All items of ``parts`` in order. Feature shapes and dtypes must agree (ValueError naming the
-        part otherwise); empty parts are fine; ``parts`` itself must not be empty."""
-        parts = list(parts)
-        if not parts:
-            raise ValueError("concat needs at least one part (to know feature shape and dtype)")
+        part otherwise); empty parts are fine; ``parts`` itself must not be empty. When a part is
+        deduplicated the result is too (``DedupPackedTensor.concat``: shared across parts by key)."""
+        parts = _check_parts(parts)
+        if any(p.is_deduplicated for p in parts):
+            from energon_nemotron.media.dedup_tensor import DedupPackedTensor
+
+            return DedupPackedTensor.concat(parts)
         first = parts[0]
-        for k, p in enumerate(parts):
-            if p.feature_shape != first.feature_shape or p.dtype != first.dtype:
-                raise ValueError(f"part {k} has feature shape {p.feature_shape} and dtype {p.dtype}, "
-                                 f"part 0 has {first.feature_shape} and {first.dtype}")
         pieces, base = [first.offsets[:1]], 0
         for p in parts:
             pieces.append(p.offsets[1:] + base)
@@ -194,11 +238,7 @@ class PackedTensor:
     ) -> "PackedTensor":
         """Move to ``device`` and cast floating-point data to ``dtype`` (a floating dtype; integer and
         bool data keep their dtype). Offsets stay int64. ``to(torch.bfloat16)`` also works."""
-        if isinstance(device, torch.dtype) and dtype is None:
-            device, dtype = None, device
-        if dtype is not None and not dtype.is_floating_point:
-            raise TypeError(f"PackedTensor.to casts floating data only; dtype must be floating, got {dtype}")
-        target = dtype if dtype is not None and self.data.is_floating_point() else None
+        device, target = _to_args(device, dtype, self.data.is_floating_point())
         data = self.data.to(device=device, dtype=target, non_blocking=non_blocking)
         offsets = self.offsets.to(device=data.device, non_blocking=non_blocking)
         return PackedTensor._unchecked(data, offsets)
@@ -209,7 +249,10 @@ class PackedTensor:
 
     def equal(self, other: Any) -> bool:
         """True when ``other`` is a PackedTensor on the same device with the same dtype, feature
-        shape, offsets and data (``torch.equal`` semantics: NaN != NaN)."""
+        shape, offsets and data (``torch.equal`` semantics: NaN != NaN); logical, so a deduplicated
+        ``other`` with the same items is equal."""
+        if isinstance(other, PackedTensor) and other.is_deduplicated:
+            return other.equal(self)
         return (isinstance(other, PackedTensor) and self.device == other.device and self.dtype == other.dtype
                 and self.data.shape == other.data.shape and torch.equal(self.offsets, other.offsets)
                 and torch.equal(self.data, other.data))
@@ -227,10 +270,22 @@ class PackedTensor:
         """The data bytes as one flat contiguous uint8 tensor (a view if data is contiguous)."""
         return self.data.contiguous().view(-1).view(torch.uint8)
 
+    @staticmethod
+    def wire_rows(header: dict) -> int:
+        """Rows of ``[rows, *feature_shape]`` whose bytes the wire buffer of ``header`` holds (the
+        stored segments' when deduplicated). KeyError/IndexError/TypeError on a malformed header."""
+        table = header.get("dedup")
+        return operator.index((table["segment_offsets"] if table is not None else header["offsets"])[-1])
+
     @classmethod
     def from_wire(cls, header: dict, buffer: torch.Tensor) -> "PackedTensor":
         """Inverse of ``wire_header`` / ``wire_buffer``. The result lives on ``buffer``'s device and
-        shares its memory when alignment allows. ValueError on a malformed header or wrong size."""
+        shares its memory when alignment allows. ValueError on a malformed header or wrong size. A
+        header with a ``dedup`` table gives a ``DedupPackedTensor``."""
+        if isinstance(header, dict) and "dedup" in header:
+            from energon_nemotron.media.dedup_tensor import DedupPackedTensor
+
+            return DedupPackedTensor.from_wire(header, buffer)
         try:
             dtype = dtype_from_name(header["dtype"])
             feature_shape = tuple(operator.index(d) for d in header["feature_shape"])
@@ -254,6 +309,19 @@ class PackedTensor:
             flat = buffer.clone().view(dtype)
         data = flat.reshape(rows, *feature_shape)
         return cls(data, torch.tensor(offsets, dtype=torch.int64, device=buffer.device))
+
+
+def _check_parts(parts: Sequence[PackedTensor]) -> list[PackedTensor]:
+    """``parts`` as a list; ValueError when empty or when feature shapes or dtypes differ."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("concat needs at least one part (to know feature shape and dtype)")
+    first = parts[0]
+    for k, p in enumerate(parts):
+        if p.feature_shape != first.feature_shape or p.dtype != first.dtype:
+            raise ValueError(f"part {k} has feature shape {p.feature_shape} and dtype {p.dtype}, "
+                             f"part 0 has {first.feature_shape} and {first.dtype}")
+    return parts
 
 
 def _describe(x: Any) -> str:

@@ -4,7 +4,8 @@
 :func:`plan_video` picks frames and frame size from that metadata alone (token budgeting before
 decoding), :func:`video_prompt` gives the per-tubelet text and :func:`process_video` decodes only the
 chosen frames into pre-patchified rows ``float32 [num_patches, 3*P*P]`` (rows of frame ``f``:
-``[f*grid_h*grid_w, (f+1)*grid_h*grid_w)``; the last tubelet padded by repeating the last frame).
+``[f*grid_h*grid_w, (f+1)*grid_h*grid_w)``; the last tubelet padded by repeating the last frame);
+:func:`process_video_frames` also tells which frames repeat one another (for deduplication).
 
 Frame choice and labels (``VideoOptions.sampling``, :mod:`energon_nemotron.media.video_sampling`):
 ``hf`` (default) — the official Omni processor's indices, timestamps and prompt (no intro line);
@@ -43,7 +44,7 @@ from energon_nemotron.media.video_decode import (VideoSource, check_pixels, fram
 from energon_nemotron.media.video_sampling import midpoint_times as frame_timestamps
 
 __all__ = ["VideoOptions", "VideoPlan", "video_metadata", "plan_video", "frame_timestamps", "video_prompt",
-           "process_video"]
+           "process_video", "process_video_frames"]
 
 SAMPLINGS = ("hf", "bridge", "midpoints")
 
@@ -306,18 +307,31 @@ def process_video(data: VideoSource, plan: VideoPlan, options: VideoOptions = Vi
     normalised and patchified; the last tubelet is padded by repeating the last frame. A source
     frame chosen twice is processed once. ``MediaError`` when frames are missing or of another size.
     """
+    return process_video_frames(data, plan, options)[0]
+
+
+def process_video_frames(data: VideoSource, plan: VideoPlan,
+                         options: VideoOptions = VideoOptions()) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """:func:`process_video`'s rows and, per frame of them (``num_tubelets * temporal_patch``, each
+    ``grid_h * grid_w`` rows), the index of the distinct decoded frame it shows, numbered in order
+    of first appearance: frames with the same index have identical rows (a source frame chosen
+    twice, the last tubelet's padding), so a deduplicated store keeps them once."""
     p, per_frame = options.patch_size, plan.grid_h * plan.grid_w
     frames = _decode(data, plan, options)
     out = torch.empty(plan.num_patches, 3 * p * p, dtype=torch.float32)
-    done: dict[int, int] = {}
+    done: dict[int, int] = {}                              # id(frame) -> first logical frame showing it
+    sources: list[int] = []
     for f, frame in enumerate(frames):
         dst = out[f * per_frame:(f + 1) * per_frame]
         if id(frame) in done:                              # same source frame again: copy its rows
             dst.copy_(out[done[id(frame)] * per_frame:(done[id(frame)] + 1) * per_frame])
+            sources.append(sources[done[id(frame)]])
             continue
         patch_grid(frame, plan.grid_h, plan.grid_w, p, plan.resize, out=dst.view(plan.grid_h, plan.grid_w, 3, p, p))
+        sources.append(len(done))
         done[id(frame)] = f
     last = out[(plan.num_frames - 1) * per_frame:plan.num_frames * per_frame]
     for f in range(plan.num_frames, plan.num_tubelets * plan.temporal_patch):
         out[f * per_frame:(f + 1) * per_frame].copy_(last)
-    return out
+        sources.append(sources[plan.num_frames - 1])
+    return out, tuple(sources)

@@ -49,8 +49,8 @@ class PackedRow(Sample):
     cu_seqlens_padded: torch.Tensor
     max_seqlen: int
     keys: list
-    visual: list = field(default_factory=list)       # per image/video: {"pixels", "sizes"}
-    audio: list = field(default_factory=list)        # per audio: {"features", "lengths"}
+    visual: list = field(default_factory=list)       # per image/video: {"pixels", "sizes", "keys"}
+    audio: list = field(default_factory=list)        # per audio: {"features", "lengths", "keys"}
     media_spans: list = field(default_factory=list)  # per item, placeholder order (see PackedBatch)
 
 
@@ -106,12 +106,28 @@ def row_media(samples: Sequence, source_starts: Sequence[int]) -> dict:
     return out
 
 
+def _keyed_segments(rows: torch.Tensor, keys) -> tuple[list[torch.Tensor], list]:
+    """``rows`` split into ``len(keys)`` equal segments (views), with their keys; without keys one
+    unkeyed segment (never shared)."""
+    if not keys:
+        return [rows], [None]
+    n = len(keys)
+    if rows.shape[0] % n:
+        raise ValueError(f"{rows.shape[0]} media rows do not split into {n} equal keyed segments")
+    step = rows.shape[0] // n
+    return [rows[k * step:(k + 1) * step] for k in range(n)], list(keys)
+
+
 def batch_media(rows: Sequence[PackedRow]) -> dict:
     """``PackedBatch.media``: ``pixel_values`` (PackedTensor, per visual item [P_i, 3·p·p] float32),
     ``image_sizes`` (PackedTensor, per item int32 [units_i, 2] patch grids), ``num_frames`` (int32
     [N_visual]: units per item), ``sound_features`` (PackedTensor, per audio [clips_i, F, mel], F the
     longest clip of the batch: shorter clips zero-padded) and ``sound_lengths`` (PackedTensor, per
-    audio int64 [clips_i]: mel frames ``1 + L // hop``); only the kinds present."""
+    audio int64 [clips_i]: mel frames ``1 + L // hop``); only the kinds present.
+
+    ``pixel_values`` and ``sound_features`` are deduplicated (``PackedTensor.from_keyed`` over the
+    items' provenance ``keys``, see ``media.handlers``): an image or audio used by several samples
+    of the batch, a video's repeated frames and a video used twice are stored once."""
     from energon_nemotron.media.packed_tensor import PackedTensor
 
     visual = [v for r in rows for v in r.visual]
@@ -121,14 +137,26 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
     # to the main process then copies nothing (as PyTorch's own collate does)
     shared = torch.utils.data.get_worker_info() is not None
     if visual:
-        media["pixel_values"] = PackedTensor.from_list([v["pixels"] for v in visual], shared=shared)
+        segments = [_keyed_segments(v["pixels"], v.get("keys")) for v in visual]
+        media["pixel_values"] = PackedTensor.from_keyed([s for s, _ in segments], [k for _, k in segments],
+                                                        shared=shared)
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
         media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
     if audio:
         frames = max(a["features"].shape[1] for a in audio)
-        media["sound_features"] = PackedTensor.from_list(
-            [torch.nn.functional.pad(a["features"], (0, 0, 0, frames - a["features"].shape[1]))
-             if a["features"].shape[1] < frames else a["features"] for a in audio], shared=shared)
+        padded: dict = {}                        # keys -> padded features (a repeated audio is padded once)
+        segments = []
+        for a in audio:
+            keys = tuple(a.get("keys") or ())
+            f = padded.get(keys) if keys else None
+            if f is None:
+                f = a["features"]
+                f = torch.nn.functional.pad(f, (0, 0, 0, frames - f.shape[1])) if f.shape[1] < frames else f
+                if keys:
+                    padded[keys] = f
+            segments.append(_keyed_segments(f, keys))
+        media["sound_features"] = PackedTensor.from_keyed([s for s, _ in segments], [k for _, k in segments],
+                                                          shared=shared)
         media["sound_lengths"] = PackedTensor.from_list([a["lengths"] for a in audio])
     return media
 

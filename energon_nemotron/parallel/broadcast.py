@@ -14,15 +14,20 @@ Protocol of :func:`broadcast_packed_batch` (no pickle: receivers parse JSON and 
    wire since gloo lacks bool/bfloat16; copied when misaligned): :func:`packed_batch_from_wire`.
    Over gloo buffers are on the CPU, over NCCL on the current CUDA device (so are received tensors).
 
+A deduplicated ``PackedTensor`` (``DedupPackedTensor``: media used several times in the batch)
+sends its segment table in the header and its physical store once in the buffers; receivers
+rebuild the same segment table (``batches_equal`` compares it). ``stats`` (a
+:class:`BroadcastStats`) counts the bytes each call moves: ``8 + len(header)`` + the buffers.
+
 Header::
 
-    {"version": 1, "chunk_bytes": int, "buffers": {dtype_name: nbytes},
+    {"version": 2, "chunk_bytes": int, "buffers": {dtype_name: nbytes},
      "tensors": {"tokens": T, "labels": T, "loss_mask": T, "position_ids": T},
      "cu_seqlens": [T, ...], "cu_seqlens_padded": [T, ...],    # one int32 T per row
      "media": [[name, M], ...],                                 # in insertion order
      "meta": {field: V, ...}}  # every other PackedBatch field: max_seqlen, ..., "__restore_key__"
     T = {"dtype": str, "shape": [int], "offset": int}          # offset: bytes into buffers[dtype]
-    M = {"kind": "packed", "wire": PackedTensor.wire_header(), "offset": int}
+    M = {"kind": "packed", "wire": PackedTensor.wire_header(), "offset": int}  # wire["dedup"]: segment table
       | {"kind": "tensor", **T} | {"kind": "value", "value": V}
     V = JSON; a tuple is {"__tuple__": [...]}, a dict with non-str (or tag) keys {"__dict__": [[k, v]]}
 """
@@ -43,13 +48,31 @@ import torch.distributed as dist
 from energon_nemotron.media.packed_tensor import PackedTensor, dtype_from_name, dtype_name
 from energon_nemotron.types import PackedBatch
 
-__all__ = ["broadcast_packed_batch", "packed_batch_to_wire", "packed_batch_from_wire", "batches_equal"]
+__all__ = ["broadcast_packed_batch", "packed_batch_to_wire", "packed_batch_from_wire", "batches_equal",
+           "BroadcastStats"]
 
-WIRE_VERSION = 1
+#: 2: deduplicated PackedTensors (a ``dedup`` segment table in the wire header, physical bytes only)
+WIRE_VERSION = 2
 _TENSORS = ("tokens", "labels", "loss_mask", "position_ids")
 #: the non-tensor fields (JSON in the header), whatever ``PackedBatch`` holds, ``__restore_key__`` too
 _META = tuple(f.name for f in dataclasses.fields(PackedBatch)
               if f.name not in (*_TENSORS, "cu_seqlens", "cu_seqlens_padded", "media"))
+
+
+@dataclasses.dataclass
+class BroadcastStats:
+    """What :func:`broadcast_packed_batch` moved on this rank (sent by the source, received by the
+    others), summed over the calls it was passed to: ``header_bytes`` (the int64 length and the JSON
+    header), ``payload_bytes`` (the dtype buffers), ``messages`` (``dist.broadcast`` calls)."""
+
+    calls: int = 0
+    header_bytes: int = 0
+    payload_bytes: int = 0
+    messages: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.header_bytes + self.payload_bytes
 
 
 def _enc(v: Any) -> Any:
@@ -101,7 +124,7 @@ def _plan(batch: PackedBatch, chunk_bytes: int) -> tuple[dict, dict[str, list[to
     header["media"] = []
     for name, value in batch.media.items():
         if isinstance(value, PackedTensor):
-            entry = {"kind": "packed", "wire": value.wire_header(), "offset": add(value.data)["offset"]}
+            entry = {"kind": "packed", "wire": value.wire_header(), "offset": add(value.physical_data)["offset"]}
         elif isinstance(value, torch.Tensor):
             entry = {"kind": "tensor", **add(value)}
         else:
@@ -238,7 +261,7 @@ def packed_batch_from_wire(header: dict, buffers: dict[str, torch.Tensor]) -> Pa
             media[name] = take(entry, what)
         elif kind == "packed":
             wire = entry["wire"]
-            shape = [wire["offsets"][-1], *wire["feature_shape"]]
+            shape = [PackedTensor.wire_rows(wire), *wire["feature_shape"]]
             data = take({"dtype": wire["dtype"], "shape": shape, "offset": entry["offset"]}, what)
             media[name] = PackedTensor.from_wire(wire, data.reshape(-1).view(torch.uint8))
         elif kind == "value":
@@ -264,18 +287,31 @@ def _decode_header(raw: bytes) -> dict:
 
 def broadcast_packed_batch(batch_or_none: Optional[PackedBatch], src: int,
                            group: Optional[dist.ProcessGroup] = None,
-                           max_chunk_bytes: int = 64 * 2**20) -> PackedBatch:
+                           max_chunk_bytes: int = 64 * 2**20,
+                           stats: Optional[BroadcastStats] = None) -> PackedBatch:
     """Collective: every rank of ``group`` (None: the world) calls it; the rank whose global rank is
     ``src`` passes its batch, the others pass None (anything else they pass is ignored). Returns a
-    batch bit-identical to the source's (the source gets its own object back). The source's
-    ``max_chunk_bytes`` rules (it travels in the header). Raises on every rank when the source cannot
-    encode its batch; receivers raise ``ValueError`` on a malformed header."""
+    batch bit-identical to the source's (the source gets its own object back; deduplicated media
+    come back deduplicated the same way). The source's ``max_chunk_bytes`` rules (it travels in the
+    header). ``stats``: add the bytes this rank sends or receives to it. Raises on every rank when
+    the source cannot encode its batch; receivers raise ``ValueError`` on a malformed header."""
     nccl = dist.get_backend(group) == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    counted = stats if stats is not None else BroadcastStats()
+    counted.calls += 1
+
+    def send(buf: torch.Tensor, header: bool = False) -> None:  # one dist.broadcast, counted
+        dist.broadcast(buf, src, group=group)
+        counted.messages += 1
+        nbytes = buf.numel() * buf.element_size()
+        if header:
+            counted.header_bytes += nbytes
+        else:
+            counted.payload_bytes += nbytes
 
     def bcast(buf: torch.Tensor, chunk: int) -> None:  # in place, one slice view at a time
         for start in range(0, buf.numel(), chunk):
-            dist.broadcast(buf[start:start + chunk], src, group=group)
+            send(buf[start:start + chunk])
 
     if dist.get_rank() == src:
         try:
@@ -286,21 +322,21 @@ def broadcast_packed_batch(batch_or_none: Optional[PackedBatch], src: int,
             header, groups = _plan(batch_or_none, chunk)
             raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         except Exception:
-            dist.broadcast(torch.tensor([-1], dtype=torch.int64, device=device), src, group=group)
+            send(torch.tensor([-1], dtype=torch.int64, device=device), header=True)
             raise
-        dist.broadcast(torch.tensor([len(raw)], dtype=torch.int64, device=device), src, group=group)
-        dist.broadcast(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device), src, group=group)
+        send(torch.tensor([len(raw)], dtype=torch.int64, device=device), header=True)
+        send(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device), header=True)
         staging: Optional[torch.Tensor] = None
         for name in header["buffers"]:
             for window, staging in _windows(groups[name], chunk, device, staging):
-                dist.broadcast(window, src, group=group)
+                send(window)
         return batch_or_none
     length = torch.zeros(1, dtype=torch.int64, device=device)
-    dist.broadcast(length, src, group=group)
+    send(length, header=True)
     if int(length) < 0:
         raise RuntimeError(f"rank {src} failed to encode its PackedBatch (see its error)")
     raw = torch.empty(int(length), dtype=torch.uint8, device=device)
-    dist.broadcast(raw, src, group=group)
+    send(raw, header=True)
     header = _decode_header(raw.cpu().numpy().tobytes())
     if (chunk := header["chunk_bytes"]) < 1:
         raise ValueError("PackedBatch header: chunk_bytes must be >= 1")
@@ -317,7 +353,11 @@ def _same(a: Any, b: Any) -> bool:
         return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
                 and a.device == b.device and torch.equal(raw(a), raw(b)))
     if isinstance(a, PackedTensor):
-        return isinstance(b, PackedTensor) and _same(a.offsets, b.offsets) and _same(a.data, b.data)
+        if type(a) is not type(b) or not _same(a.offsets, b.offsets):
+            return False
+        if a.is_deduplicated:       # the same segment table and store (so the same logical items)
+            return a.same_structure(b) and _same(a.physical_data, b.physical_data)
+        return _same(a.data, b.data)
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
@@ -331,7 +371,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def batches_equal(a: PackedBatch, b: PackedBatch) -> bool:
     """True when every field of ``a`` and ``b`` (``__restore_key__`` included) is exactly equal:
-    tensors compared bit by bit (so NaN payloads and -0.0 count), metadata with identical types."""
+    tensors compared bit by bit (so NaN payloads and -0.0 count), metadata with identical types,
+    deduplicated ``PackedTensor``s by segment table and store (so their logical items agree too)."""
     if not (isinstance(a, PackedBatch) and isinstance(b, PackedBatch)):
         return False
     return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(PackedBatch))
