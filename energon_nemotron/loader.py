@@ -138,7 +138,11 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                               "data.default_cooker in the loader config") from None
         raise
     guard_reads(dataset)                     # a shard damaged inside: a DatasetError naming it, not a traceback
-    return get_savable_loader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None)
+    # a worker checkpoint at least every second (Energon's default: every minute): a restore replays
+    # at most a second of batches, and the loader keeps that many batches' keys for the elastic
+    # merge (energon_nemotron.elastic.RecentBatches); the stream is unchanged
+    return get_savable_loader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None,
+                              checkpoint_every_sec=1, checkpoint_every_min_n_samples=1)
 
 
 def _with_dp(config: ConfigLike, dp_rank: Optional[int], dp_size: Optional[int]) -> LoaderConfig:
@@ -166,7 +170,11 @@ def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
     decodes = SharedCounter(MEDIA_COUNTERS, cfg.loader.num_workers)
     lookups = SharedCounter(LOOKUP_COUNTERS, cfg.loader.num_workers)
     inner = _energon_loader(cfg, src, validation, repeat, skips, decodes, lookups)
-    return Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every, lookups=lookups))
+    loader = Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every, lookups=lookups))
+    from energon_nemotron.elastic import RecentBatches
+
+    loader.layout, loader.recent = (cfg, repeat), RecentBatches(cfg.loader.num_workers)
+    return loader
 
 
 class Loader:
@@ -184,6 +192,9 @@ class Loader:
         self.rows = rows            # Megatron-LM rows (a DataLoader over MegatronSFTPackedDataset)
         self.positions: dict[int, int] = {}
         self.next_worker = 0
+        self.layout: Optional[tuple] = None        # (config, repeat) of an Energon loader: its elastic record
+        self._consumed: Optional[list] = None      # per leaf, what an elastic start skips (counts)
+        self.recent: Any = None                    # elastic.RecentBatches of an Energon loader
         if not rows:
             from energon_nemotron.worker_checkpoints import start_point
 
@@ -211,6 +222,8 @@ class Loader:
                 _, worker, position = batch.__restore_key__
                 self.positions[int(worker)] = int(position)
                 self.next_worker = (int(worker) + 1) % max(self.inner.num_workers, 1)
+            if self.recent is not None:
+                self.recent.add(batch.__restore_key__)
             now = self.skipped()
             batch.skipped = {k: n - seen.get(k, 0) for k, n in now.items() if n != seen.get(k, 0)}
             seen = now
@@ -227,15 +240,33 @@ class Loader:
         else:
             from energon_nemotron.worker_checkpoints import settle
 
-            position = {"energon": encode_state(settle(self.inner.save_state_rank(), self.inner, self._start))}
-        return {"fingerprint": self.fingerprint, "position": position}
+            energon = settle(self.inner.save_state_rank(), self.inner, self._start)
+            position = {"energon": encode_state(energon)}
+        out = {"fingerprint": self.fingerprint, "position": position}
+        if self.layout is not None:
+            from energon_nemotron.elastic import rank_record
 
-    def load_state_dict(self, state: dict, origin: str = "the loader state") -> None:
+            out["elastic"] = rank_record(self.inner.dataset, *self.layout, skipped=self._consumed,
+                                         recent=self.recent.since(energon))
+        return out
+
+    def load_state_dict(self, state: dict, origin: str = "the loader state", elastic: bool = False) -> None:
         """Resume from ``state`` (before iterating); a different configuration is a ``ConfigError``
         listing what changed, a damaged state (or another loader's) one naming the key (``origin``:
-        how messages name the state, e.g. its file)."""
+        how messages name the state, e.g. its file). ``elastic``: ``state`` is
+        ``energon_nemotron.state.merge_rank_states`` of every rank's state, saved on any number of
+        ranks and workers; this loader yields, with the others of its shape, exactly the samples of
+        the epoch in progress that none had yielded (see :mod:`energon_nemotron.elastic`)."""
         from energon_nemotron.state import check_fingerprint, restore_energon, rows_position, state_parts
 
+        if elastic:
+            if self.rows or self.layout is None:
+                raise ConfigError(f"{origin}: elastic resume applies to Energon sources; a Megatron-LM rows "
+                                  "loader resumes on the shape that saved it")
+            from energon_nemotron.elastic import start_elastic
+
+            self._consumed = start_elastic(self.inner.dataset, state, self.fingerprint, origin)
+            return
         saved, position = state_parts(state, origin)
         check_fingerprint(saved, self.fingerprint, origin)
         if self.rows:
@@ -246,6 +277,20 @@ class Loader:
 
             restore_energon(self.inner, position, origin)
             self._start = start_point(self.inner)
+            self._restore_consumed(state.get("elastic"), origin)
+            if self.recent is not None:
+                self.recent.seed(state.get("elastic"))
+
+    def _restore_consumed(self, record: Any, origin: str) -> None:
+        """A state saved after an elastic start keeps skipping what that start skipped."""
+        leaves = record.get("leaves") if isinstance(record, dict) else None
+        if not isinstance(leaves, list) or not leaves:
+            return
+        from energon_nemotron.elastic import install_filters, rank_skipped
+
+        self._consumed = rank_skipped(leaves, f"{origin}: elastic")
+        if self._consumed is not None:
+            install_filters(self.inner.dataset, self._consumed)
 
 
 def build_train_loader(config: ConfigLike, repeat: bool = True, dp_rank: Optional[int] = None,

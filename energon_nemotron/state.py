@@ -361,3 +361,11 @@ def load_state_file(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
         raise ConfigError(f"{path}: not an energon-nemotron loader state (version {VERSION})")
     return data
+
+
+def merge_rank_states(states: list) -> dict:
+    """One state from the states of all data-parallel ranks, to resume on another shape with
+    ``Loader.load_state_dict(merged, elastic=True)`` (see :mod:`energon_nemotron.elastic`)."""
+    from energon_nemotron.elastic import merge_rank_states as merge
+
+    return merge(states)

@@ -3,13 +3,16 @@ yields padding batches (``is_padding`` True, ``loss_mask`` all zero) up to the l
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from energon_nemotron.config import LoaderConfig
 from energon_nemotron.errors import SkipCounter
 from energon_nemotron.telemetry import LoaderStats
+
+if TYPE_CHECKING:
+    from energon_nemotron.loader import Loader
 
 
 class EvenedValidation:
