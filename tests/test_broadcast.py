@@ -248,10 +248,7 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    join_gloo(rank, port, world)
     try:
         # (src, seed, max_chunk_bytes): default chunk, many small chunks, the last rank as source
         for src, seed, chunk in ((0, 11, 64 * 2**20), (1, 12, 1000), (world - 1, 13, 7)):
@@ -305,11 +302,16 @@ def big_media_batch() -> PackedBatch:
                        max_seqlen=[64], sample_keys=[["a"]], media={"pixel_values": pv})
 
 
-def _memory_worker(rank: int, port: int, out: str) -> None:
+def join_gloo(rank: int, port: int, world: int = 2) -> None:
+    """Join a gloo group of ``world`` local processes (one thread each)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
+
+
+def _memory_worker(rank: int, port: int, out: str) -> None:
+    join_gloo(rank, port)
     try:
         expected = big_media_batch()                      # both ranks build it: the receiver compares
         results = {}

@@ -5,7 +5,6 @@ twice), and a 2-process gloo broadcast that sends the distinct bytes once (count
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import pickle
@@ -17,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from energon_data import energon, loader_yaml
+from test_broadcast import join_gloo
 from energon_nemotron.demo.media import make_audio, make_image, make_video
 from energon_nemotron.loader import build_train_loader
 from energon_nemotron.media.handlers import payload_digest, provenance_key
@@ -157,10 +157,7 @@ def _plain(batch):
 
 
 def _broadcast_worker(rank: int, port: int, folder: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=120))
+    join_gloo(rank, port)
     try:
         with open(os.path.join(folder, "batch.pkl"), "rb") as f:
             batch = pickle.load(f)

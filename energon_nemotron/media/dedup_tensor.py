@@ -29,7 +29,7 @@ from typing import Any, Hashable, Iterator, Optional, Sequence
 import torch
 
 from energon_nemotron.media.packed_tensor import (PackedTensor, _check_parts, _describe, _to_args, dtype_from_name,
-                                                  dtype_name, shared_empty)
+                                                  dtype_name, shared_empty, wire_rows_view)
 
 __all__ = ["DedupPackedTensor", "wire_key"]
 
@@ -180,19 +180,7 @@ class DedupPackedTensor(PackedTensor):
         empty = first[:0] if first is not None else torch.empty((0, *feature_shape), dtype=dtype)
         return store.build(empty, shared)
 
-    # -- shape and size --------------------------------------------------------------------------
-    @property
-    def feature_shape(self) -> tuple[int, ...]:
-        return tuple(self.store.shape[1:])
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.store.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.store.device
-
+    # -- shape and size (feature_shape, dtype, device: the base class's, from physical_data) ------
     @property
     def num_segments(self) -> int:
         """S, the physical segments."""
@@ -383,20 +371,9 @@ class DedupPackedTensor(PackedTensor):
             raise ValueError(f"malformed PackedTensor wire header: {e!r}") from e
         if any(d < 0 for d in feature_shape) or not seg:
             raise ValueError(f"bad feature_shape {feature_shape} or empty segment_offsets in wire header")
-        if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8 or buffer.dim() != 1:
-            raise ValueError(f"wire buffer must be a 1-D uint8 tensor, got {_describe(buffer)}")
-        rows = seg[-1]
-        expected = rows * math.prod(feature_shape) * dtype.itemsize
-        if buffer.numel() != expected:
-            raise ValueError(f"wire buffer has {buffer.numel()} bytes, header needs {expected} ({rows} stored rows "
-                             f"x {feature_shape} x {dtype.itemsize} bytes of {dtype_name(dtype)})")
-        buffer = buffer.contiguous()
-        try:
-            flat = buffer.view(dtype)
-        except RuntimeError:  # storage offset not aligned to the item size: copy
-            flat = buffer.clone().view(dtype)
+        store = wire_rows_view(buffer, dtype, feature_shape, seg[-1], "stored rows")
         as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-        out = cls(flat.reshape(rows, *feature_shape), as_t(seg), as_t(ptr), as_t(ids), keys)
+        out = cls(store, as_t(seg), as_t(ptr), as_t(ids), keys)
         if out.offsets.tolist() != offsets:
             raise ValueError("wire header: offsets disagree with the segment table")
         return out

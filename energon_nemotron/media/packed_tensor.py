@@ -153,15 +153,15 @@ class PackedTensor:
     @property
     def feature_shape(self) -> tuple[int, ...]:
         """Shape of one row of an item (``data.shape[1:]``)."""
-        return tuple(self.data.shape[1:])
+        return tuple(self.physical_data.shape[1:])
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.data.dtype
+        return self.physical_data.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.data.device
+        return self.physical_data.device
 
     @property
     def physical_data(self) -> torch.Tensor:
@@ -294,21 +294,26 @@ class PackedTensor:
             raise ValueError(f"malformed PackedTensor wire header: {e!r}") from e
         if any(d < 0 for d in feature_shape) or not offsets:
             raise ValueError(f"bad feature_shape {feature_shape} or empty offsets in wire header")
-        if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8 or buffer.dim() != 1:
-            raise ValueError(f"wire buffer must be a 1-D uint8 tensor, got {_describe(buffer)}")
-        rows = offsets[-1]
-        itemsize = dtype.itemsize
-        expected = rows * math.prod(feature_shape) * itemsize
-        if buffer.numel() != expected:
-            raise ValueError(f"wire buffer has {buffer.numel()} bytes, header needs {expected} "
-                             f"({rows} rows x {feature_shape} x {itemsize} bytes of {dtype_name(dtype)})")
-        buffer = buffer.contiguous()
-        try:
-            flat = buffer.view(dtype)
-        except RuntimeError:  # storage offset not aligned to the item size: copy
-            flat = buffer.clone().view(dtype)
-        data = flat.reshape(rows, *feature_shape)
+        data = wire_rows_view(buffer, dtype, feature_shape, offsets[-1], "rows")
         return cls(data, torch.tensor(offsets, dtype=torch.int64, device=buffer.device))
+
+
+def wire_rows_view(buffer: Any, dtype: torch.dtype, feature_shape: tuple, rows: int, what: str) -> torch.Tensor:
+    """``[rows, *feature_shape]`` of ``dtype`` over a wire buffer (1-D uint8; shares its memory when
+    aligned, else a copy); ValueError when it is not one or its size does not match (``what``: how
+    the message names the rows)."""
+    if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8 or buffer.dim() != 1:
+        raise ValueError(f"wire buffer must be a 1-D uint8 tensor, got {_describe(buffer)}")
+    expected = rows * math.prod(feature_shape) * dtype.itemsize
+    if buffer.numel() != expected:
+        raise ValueError(f"wire buffer has {buffer.numel()} bytes, header needs {expected} "
+                         f"({rows} {what} x {feature_shape} x {dtype.itemsize} bytes of {dtype_name(dtype)})")
+    buffer = buffer.contiguous()
+    try:
+        flat = buffer.view(dtype)
+    except RuntimeError:  # storage offset not aligned to the item size: copy
+        flat = buffer.clone().view(dtype)
+    return flat.reshape(rows, *feature_shape)
 
 
 def _check_parts(parts: Sequence[PackedTensor]) -> list[PackedTensor]:
