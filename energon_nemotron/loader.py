@@ -288,7 +288,10 @@ class Loader:
             return
         from energon_nemotron.elastic import install_filters, rank_skipped
 
-        self._consumed = rank_skipped(leaves, f"{origin}: elastic")
+        try:
+            self._consumed = rank_skipped(leaves, f"{origin}: elastic")
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"{origin}: elastic: damaged record ({type(e).__name__}: {e})") from None
         if self._consumed is not None:
             install_filters(self.inner.dataset, self._consumed)
 

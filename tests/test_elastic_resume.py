@@ -216,6 +216,9 @@ def test_merge_refuses_incomplete_or_mixed_states(data):
     no_record = {k: v for k, v in states[1].items() if k != "elastic"}
     with pytest.raises(ConfigError, match="no elastic record"):
         merge_rank_states([states[0], no_record])
+    damaged = {**states[1], "elastic": {**states[1]["elastic"], "leaves": [{"path": []}]}}
+    with pytest.raises(ConfigError, match="damaged"):
+        merge_rank_states([states[0], damaged])
 
 
 def test_elastic_load_refuses_other_configurations_and_plain_states(data):

@@ -133,11 +133,8 @@ def _records(states: Sequence[dict]) -> tuple[list, dict]:
     return out, common
 
 
-def merge_rank_states(states: Sequence[dict]) -> dict:
-    """One state for the whole run from the states of all N data-parallel ranks (any order), for
-    ``load_state_dict(merged, elastic=True)`` on any number of ranks and workers. ``ConfigError``
-    when a rank is missing or repeated, the states disagree on anything but the rank layout, or a
-    state has no elastic record (a Megatron-LM rows loader, or an older version)."""
+def _merge(states: Sequence[dict]) -> dict:
+    """:func:`merge_rank_states` (damaged records may raise other errors here)."""
     from energon_nemotron.state import energon_position
 
     records, common = _records(states)
@@ -177,4 +174,18 @@ def merge_rank_states(states: Sequence[dict]) -> dict:
     return {"fingerprint": common, "merged": {"version": VERSION, "repeat": repeat, "leaves": leaves,
                                               "saved_dp_size": records[0][0]["dp_size"],
                                               "saved_num_workers": records[0][0]["num_workers"]}}
+
+
+def merge_rank_states(states: Sequence[dict]) -> dict:
+    """One state for the whole run from the states of all N data-parallel ranks (any order), for
+    ``load_state_dict(merged, elastic=True)`` on any number of ranks and workers. ``ConfigError``
+    when a rank is missing or repeated, the states disagree on anything but the rank layout, a
+    state has no elastic record (a Megatron-LM rows loader, or an older version) or a damaged one."""
+    try:
+        return _merge(states)
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise ConfigError(f"merge_rank_states: an elastic record is damaged ({type(e).__name__}: {e}); "
+                          f"{DAMAGED_HINT}") from None
 
