@@ -70,9 +70,10 @@ demo: install
 # The default run (not slow), then the slow tests; two pytest processes, each taking whole files
 # (the tests wait on worker processes much of the time, so two share the machine's cores well).
 PYTEST_PARALLEL ?= -n 2 --dist loadfile
+PYTEST_REPORT ?= --durations=15
 test: install references
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
-	$(BIN)/python -m pytest -q -m slow $(PYTEST_PARALLEL)
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_REPORT)
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_PARALLEL) $(PYTEST_REPORT)
 	$(MAKE) test-compat COMPAT_TESTS="$(COMPAT_IN_TEST)"
 
 test-compat: install references $(COMPAT_STAMP)
