@@ -10,6 +10,7 @@ import numpy as np
 from energon_nemotron.elastic.record import VERSION, _leaf_name, _rank_range, dataset_leaves, decode_counts, layout_free
 from energon_nemotron.errors import ConfigError
 
+
 class SkipConsumed:
     """A leaf's ``_get_sample`` after an elastic start: in its pass ``k`` a sample consumed more than
     ``k`` times is skipped (Energon's empty-sample convention: nothing is read). Holds the counts of

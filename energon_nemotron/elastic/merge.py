@@ -12,6 +12,7 @@ from energon_nemotron.elastic.record import (DAMAGED_HINT, LEAF, SELECTORS, VERS
                                              layout_free, rank_skipped, sample_refs)
 from energon_nemotron.errors import ConfigError
 
+
 def _restore_keys(value: Any) -> Iterator[tuple]:
     """Every tuple holding a ``"Webdataset"`` token anywhere in a state tree (buffers, pending keys)."""
     if isinstance(value, tuple):
