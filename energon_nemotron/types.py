@@ -135,6 +135,17 @@ class EncodedSample(Sample):
     media_patches: int = 0          # vision-encoder patches of its images and video frames
     media: list = field(default_factory=list)
     media_tensors: list = field(default_factory=list)
+    #: set while only prepared (rendered, not yet tokenized): a :class:`Pending`
+    pending: Any = None
+
+
+@dataclass
+class Pending:
+    """What a prepared sample still needs: the tokenizer's input (``prepared``, a
+    ``tokenization.conversation.Prepared``) and the cooked sample (``origin``), which errors name."""
+
+    prepared: Any
+    origin: Any
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Messages → token ids and trained-token flags (Energon path), in one tokenizer call per sample.
+"""Messages → token ids and trained-token flags (Energon path), in one tokenizer call per sample
+or per buffer of samples.
 
 The prompt format renders the text (each media reference as ``MEDIA_MARKER``) and the trained
 character spans. The text between markers is tokenized piece by piece in one call of the Rust
@@ -11,6 +12,7 @@ every piece after tokenization (``tokenization.reserved``; ``reserved_tag``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -61,6 +63,17 @@ def piece_flags(enc: Any, spans: Sequence[tuple[int, int]], length: int, strict:
     return flags, None
 
 
+@dataclass
+class Prepared:
+    """One sample ready for the tokenizer call: its segments rendered (``rendered``) and split at the
+    media markers (``pieces``, per segment), and its planned ``media`` items in reference order."""
+
+    key: str
+    rendered: list[Rendered]
+    pieces: list[list[str]]
+    media: Sequence[Any]
+
+
 class ConversationTokenizer:
     """Tokenizes conversations in a named prompt format.
 
@@ -74,6 +87,13 @@ class ConversationTokenizer:
         self.backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if self.backend is None:
             raise ConfigError("the Energon path needs a fast (Rust-backed) Hugging Face tokenizer for offsets")
+        if self.backend.padding is not None or self.backend.truncation is not None:
+            # a copy without them: pieces are encoded one by one, never padded to a batch or cut
+            from tokenizers import Tokenizer
+
+            self.backend = Tokenizer.from_str(self.backend.to_str())
+            self.backend.no_padding()
+            self.backend.no_truncation()
         self.format = get_prompt_format(prompt_format, self.tokenizer)
         self.prompt_format = prompt_format
         # a reserved string only forges a placeholder where the tokenizer makes it a single token
@@ -135,28 +155,38 @@ class ConversationTokenizer:
             rendered.spans = rendered.spans[-1:]
         return rendered
 
-    def encode(self, segments: list[list[Message]], key: str, preformatted: bool = False,
-               last_only: bool = False, media: Sequence[Any] = (),
-               tools: Sequence[dict] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per segment: (tokens int64 [n], trained bool [n]).
-
-        ``media``: the planned media items (``PlannedMedia``) in reference order; their
-        ``placeholder`` ids replace the markers and their ``source``/``token_start`` are set here.
-        ``tools``: the conversation's tool definitions (rendered in every segment).
-        Raises ``DataError`` (naming ``key``) for a strict span boundary inside a token, a media
-        reference the prompt format dropped or duplicated, and ``NoTrainableTokensError`` for a
-        segment with no trained token.
-        """
+    def prepare(self, segments: list[list[Message]], key: str, preformatted: bool = False,
+                last_only: bool = False, media: Sequence[Any] = (), tools: Sequence[dict] = ()) -> Prepared:
+        """Everything before the tokenizer call (see :meth:`encode`): each segment rendered and split
+        at its media markers, the marker count checked against ``media``."""
         rendered = [self.render(m, key, preformatted, last_only, tools) for m in segments]
-        pieces_per_segment = [r.text.split(MEDIA_MARKER) for r in rendered]
-        markers = sum(len(p) - 1 for p in pieces_per_segment)
+        pieces = [r.text.split(MEDIA_MARKER) for r in rendered]
+        markers = sum(len(p) - 1 for p in pieces)
         if markers != len(media):
             raise DataError(key, f"the rendered conversation references {markers} media items, but the sample "
                                  f"has {len(media)}: the prompt format dropped or repeated a media reference", "media_reference")
-        flat = [piece for pieces in pieces_per_segment for piece in pieces]
-        encodings = self.backend.encode_batch(flat, add_special_tokens=False)
+        return Prepared(key, rendered, pieces, media)
+
+    def tokenize(self, prepared: Sequence[Prepared]) -> list[list[Any]]:
+        """The text pieces of several prepared samples in one call of the Rust tokenizer (its cache
+        and tables stay warm over the call): per sample, its pieces' encodings in order. Each piece
+        is encoded on its own (no padding or truncation is set on the backend), so the result is the
+        same as one call per sample."""
+        flat = [piece for p in prepared for pieces in p.pieces for piece in pieces]
+        encodings = self.backend.encode_batch(flat, add_special_tokens=False) if flat else []
+        out, at = [], 0
+        for p in prepared:
+            n = sum(len(pieces) for pieces in p.pieces)
+            out.append(encodings[at:at + n])
+            at += n
+        return out
+
+    def finish(self, prepared: Prepared, encodings: Sequence[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The result of :meth:`encode` from a prepared sample and its pieces' ``encodings``
+        (:meth:`tokenize`)."""
+        key, media = prepared.key, prepared.media
         out, at, next_media = [], 0, 0
-        for si, (r, pieces) in enumerate(zip(rendered, pieces_per_segment)):
+        for si, (r, pieces) in enumerate(zip(prepared.rendered, prepared.pieces)):
             encs = encodings[at:at + len(pieces)]
             at += len(pieces)
             tokens: list[int] = []
@@ -184,8 +214,24 @@ class ConversationTokenizer:
                     trained.append(np.zeros(len(item.placeholder), dtype=bool))
             flags = np.concatenate(trained) if trained else np.zeros(0, dtype=bool)
             if not flags[1:].any():          # token 0 is never a label
-                where = f" (segment {si})" if len(segments) > 1 else ""
+                where = f" (segment {si})" if len(prepared.pieces) > 1 else ""
                 raise NoTrainableTokensError(key, f"no trainable tokens{where}: no assistant turn survives "
                                                   f"rendering in prompt format {self.prompt_format!r}")
             out.append((np.asarray(tokens, dtype=np.int64), flags))
         return out
+
+    def encode(self, segments: list[list[Message]], key: str, preformatted: bool = False,
+               last_only: bool = False, media: Sequence[Any] = (),
+               tools: Sequence[dict] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per segment: (tokens int64 [n], trained bool [n]).
+
+        ``media``: the planned media items (``PlannedMedia``) in reference order; their
+        ``placeholder`` ids replace the markers and their ``source``/``token_start`` are set here.
+        ``tools``: the conversation's tool definitions (rendered in every segment).
+        Raises ``DataError`` (naming ``key``) for a strict span boundary inside a token, a media
+        reference the prompt format dropped or duplicated, and ``NoTrainableTokensError`` for a
+        segment with no trained token. The same as :meth:`prepare`, :meth:`tokenize` and
+        :meth:`finish` in turn (the packing path runs the middle step over a whole buffer).
+        """
+        prepared = self.prepare(segments, key, preformatted, last_only, media, tools)
+        return self.finish(prepared, self.tokenize([prepared])[0])
