@@ -4,8 +4,10 @@ Masked formats: the conversation's text is tokenized whole; each turn is also to
 and the turns' tokens must concatenate to the whole tokenization (else ``DataError``, where
 Megatron-LM raises an ``AssertionError``). Targets equal tokens except -100 on system/user/tool
 turns and on the first ``assistant_prefix_len`` tokens of each assistant turn. ``default`` (and
-unmasked ``identity``) trains every token. All texts of a row go to the Rust tokenizer in two
-native calls (whole conversations, then turns).
+unmasked ``identity``) trains every token. All texts of a row go to the Rust tokenizer in at most
+two native calls: the turns, then the whole conversations, except those whose whole tokenization
+is provably the turns' concatenation (``tokenization.boundaries``: e.g. a Qwen2/Llama-3 style
+tokenizer where every turn ends with a line break), which are not tokenized twice.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from energon_nemotron.megatron_packed.prompt_formats import (
     MegatronPromptFormat,
     get_prompt_format,
 )
+from energon_nemotron.tokenization.boundaries import TurnBoundaries
 from energon_nemotron.tokenization.loading import TextEncoder, load_tokenizer
 from energon_nemotron.types import IGNORE_INDEX
 
@@ -97,6 +100,7 @@ class SFTConversationTokenizer:
         self.format = fmt
         self.pad_id = resolve_pad_id(self.tokenizer, fmt, pad_token, allow_eos_pad)
         self.eos_id = self.tokenizer.eos_token_id
+        self.boundaries = TurnBoundaries(self.text.backend)
 
     # -- rendering -------------------------------------------------------------------------------
     def render(self, conversation: list[dict]) -> list[str]:
@@ -112,14 +116,19 @@ class SFTConversationTokenizer:
         """Tokens and targets of every conversation (errors deferred, see above); ``wheres[i]``
         names conversation i in errors (e.g. ``"train.jsonl.packed:12#1"``)."""
         rendered = [self.render(c) for c in conversations]
-        whole = self.text.encode_many(["".join(r) for r in rendered])
         if not self.format.masked:
+            whole = self.text.encode_many(["".join(r) for r in rendered])
             return [TokenizedConversation(a, a.copy()) for a in (np.asarray(ids, dtype=np.int64) for ids in whole)]
         turns = self.text.encode_many(list(chain.from_iterable(rendered)))
+        # the whole conversation's tokens: the turns' where the tokenizer provably splits at every
+        # turn boundary (tokenization.boundaries), else one more tokenizer call for those only
+        derived = [self.boundaries.concatenates(r) for r in rendered]
+        again = iter(self.text.encode_many(["".join(r) for r, d in zip(rendered, derived) if not d]))
         out, t = [], 0
-        for conv, ids, where in zip(conversations, whole, wheres):
+        for conv, derive, where in zip(conversations, derived, wheres):
             turn_ids = turns[t:t + len(conv)]
             t += len(conv)
+            ids = list(chain.from_iterable(turn_ids)) if derive else next(again)
             try:
                 check_turn_order(conv, where)
                 out.append(self._targets(conv, ids, turn_ids, where))
