@@ -32,7 +32,9 @@ near 3 minutes on a slow 2-core machine), alternating the order, median of the r
 
 ``ratio`` = the lower of project ÷ naive tokens/s with 0 and with 2 workers (goal 1.6, higher is
 better); ``floor_ratio`` = the lower of project ÷ floor with 0 workers and project per core (÷ 2) ÷
-floor with 2 workers (goal ``FLOOR_GOAL`` 0.80). ``--profile``: cProfile one project pass with 0
+floor with 2 workers (goal ``FLOOR_GOAL`` 0.80). The machine's own two-process ceiling (``scaling``'s
+pure-Python loop in 2 processes ÷ 1) is measured in the same run and reported beside them: the
+per-core figure with 2 workers cannot pass half of it. ``--profile``: cProfile one project pass with 0
 workers, the top entries by own and by cumulative time, and the own time grouped by component.
 """
 
@@ -52,6 +54,7 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")      # Energon's "Filling reading buffer" progress bar
 
 import _common as C  # noqa: E402
+import scaling  # noqa: E402
 import text_path  # noqa: E402
 from energon_nemotron.demo.build_tokenizer import CHAT_TEMPLATE as DEMO_CHAT_TEMPLATE  # noqa: E402
 import torch  # noqa: E402
@@ -354,6 +357,10 @@ def main(argv=None) -> int:
         print(f"{w} workers: project / naive {vs_naive[w]:.3f}x (goal {GOAL}x: "
               f"{'met' if vs_naive[w] >= GOAL else 'not met'}); project per core / floor {vs_floor[w]:.3f}x "
               f"(goal {FLOOR_GOAL}x: {'met' if vs_floor[w] >= FLOOR_GOAL else 'not met'})")
+    machine = scaling.machine_scaling()
+    print(f"this machine's own two-process ceiling (pure-Python loop, 2 processes / 1): {machine:.2f}x, so 2 "
+          f"workers' per-core figure is at most {machine / 2:.2f}x of one core's; project 2 workers / 0: "
+          f"{tps['project_w2'] / tps['project_w0']:.2f}x")
     print(f"floor = tokenizer(texts), one call; {tokens:,} tokens, {ref['trained']:,} trained labels, {first['project_w0']['rows']} "
           f"packs (naive {ref['rows']}); 2 workers: per core = tokens/s / 2; loaders built (untimed) in "
           f"{build_s:.2f} s; dataset ready in {dataset_s:.2f} s")
@@ -382,6 +389,8 @@ def main(argv=None) -> int:
         "rounds": rounds,
         "loaders_build_s": round(build_s, 3),
         "cpu_count": os.cpu_count(),
+        "machine_ceiling": round(machine, 3),
+        "project_w2_over_w0": round(tps["project_w2"] / tps["project_w0"], 4),
         "quick": bool(args.quick),
     })
     return 0
