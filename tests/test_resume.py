@@ -204,3 +204,38 @@ def test_megatron_rows_resume_exactly_even_with_skips(tmp_path, workers):
     second.load_state_dict(state)
     got = list(second)
     assert len(got) == len(expected) and all(same(a, b) for a, b in zip(expected, got))
+
+
+def test_resume_restores_samples_prepared_but_not_yet_tokenized(media_root, monkeypatch):
+    """With packing, samples are tokenized per buffer (``select_samples_to_pack``); a state saved
+    while a buffer's packs are being yielded restores those samples prepared only, and
+    ``postencode_sample`` tokenizes them: the resumed batches are still bit-identical."""
+    import functools
+
+    from energon_nemotron.encoders.nemotron_multimodal import NemotronMultimodalTaskEncoder as Encoder
+
+    seen = []
+    original = Encoder.postencode_sample
+
+    @functools.wraps(original)
+    def spy(self, sample):
+        seen.append(sample.pending is not None)
+        return original(self, sample)
+
+    monkeypatch.setattr(Encoder, "postencode_sample", spy)
+    config = cfg(media_root, 0, **{"packing.max_sequences_per_bin": 2})     # several packs per buffer
+    restored_pending = 0
+    for k in (2, 4):
+        first = build_train_loader(config)
+        it = iter(first)
+        for _ in range(k):
+            next(it)
+        state = first.state_dict()
+        expected = [next(it) for _ in range(3)]
+        seen.clear()
+        second = build_train_loader(config)
+        second.load_state_dict(state)
+        got = [b for _, b in zip(range(3), second)]
+        assert all(same(a, b) for a, b in zip(expected, got)), k
+        restored_pending += sum(seen)
+    assert restored_pending > 0
