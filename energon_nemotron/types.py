@@ -148,6 +148,10 @@ class Pending:
     origin: Any
 
 
+#: the ``PackedBatch`` fields pickled in one flat buffer
+_FLAT_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded")
+
+
 @dataclass
 class PackedBatch:
     """A micro-batch of packed rows, ready for a Megatron model with ``qkv_format="thd"``.
@@ -194,6 +198,34 @@ class PackedBatch:
             self.is_padding = [False] * self.tokens.shape[0]
         if not self.media_spans:
             self.media_spans = [[] for _ in range(self.tokens.shape[0])]
+
+    def __getstate__(self) -> dict:
+        """Pickled with its token tensors in one flat buffer (``flat_tensors``): a batch leaves a
+        ``DataLoader`` worker as one shared-memory segment instead of one per tensor. ``media``
+        pickles as its ``PackedTensor``s do."""
+        from energon_nemotron.flat_tensors import pack
+
+        state = dict(self.__dict__)
+        rows = len(self.cu_seqlens)
+        tensors = [self.tokens, self.labels, self.loss_mask, self.position_ids, *self.cu_seqlens,
+                   *self.cu_seqlens_padded]
+        packed = pack(tensors) if len(self.cu_seqlens_padded) == rows else None
+        if packed is not None:
+            for name in _FLAT_FIELDS:
+                del state[name]
+            state["_flat"] = (*packed, rows)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        from energon_nemotron.flat_tensors import unpack
+
+        flat = state.pop("_flat", None)
+        if flat is not None:
+            buffer, layout, rows = flat
+            views = unpack(buffer, layout)
+            state.update(tokens=views[0], labels=views[1], loss_mask=views[2], position_ids=views[3],
+                         cu_seqlens=views[4:4 + rows], cu_seqlens_padded=views[4 + rows:4 + 2 * rows])
+        self.__dict__.update(state)
 
     @property
     def batch_size(self) -> int:
