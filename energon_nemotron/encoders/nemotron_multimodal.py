@@ -1,9 +1,9 @@
 """The ``nemotron_multimodal`` task encoder: an Energon ``DefaultTaskEncoder`` that wires the stages.
 
 cookers (by name) → ``preencode_sample`` (plan media from headers, tokenize with placeholders,
-packing cost; nothing decoded; with packing the tokenizer call is made once per buffer, in
-``select_samples_to_pack``) → ``select_samples_to_pack`` (a registered packer over the buffer;
-every sample placed exactly once) → ``postencode_sample`` (decode only the media of samples
+packing cost; nothing decoded) → ``select_samples_to_pack`` (a registered packer over the buffer;
+every sample placed exactly once; with packing, samples arrive from ``prepare_sample``, rendered but
+not yet tokenized, and the whole buffer is tokenized here in one call) → ``postencode_sample`` (decode only the media of samples
 selected into a pack) → ``pack_selected_samples`` (one ``PackedRow``) → ``batch`` (``PackedBatch``).
 Without packing, each batch row holds one sample. Everything up to the packing buffer is
 ``@stateless``. With ``options.output`` set to a Megatron-Bridge step, ``batch`` yields that step's
