@@ -201,8 +201,8 @@ class PackedBatch:
 
     def __getstate__(self) -> dict:
         """Pickled with its token tensors in one flat buffer (``flat_tensors``): a batch leaves a
-        ``DataLoader`` worker as one shared-memory segment instead of one per tensor. ``media``
-        pickles as its ``PackedTensor``s do."""
+        ``DataLoader`` worker by value (up to 1 MiB) or as one shared-memory segment, instead of
+        one segment per tensor. ``media`` pickles as its ``PackedTensor``s do."""
         from energon_nemotron.flat_tensors import pack
 
         state = dict(self.__dict__)
