@@ -369,7 +369,9 @@ def main(argv=None) -> int:
         print("why not met (README, Performance): the tokenizer already runs at the floor's speed (one call per "
               "packing buffer); what remains is Python per sample (Energon's reading alone is 0.19-0.26x of the "
               "floor's time: text_path's energon_read), and with 2 workers this machine's two-process ceiling "
-              f"({machine:.2f}x here) and the L3 cache the workers share; --profile shows the split")
+              f"({machine:.2f}x here) and the L3 cache the workers share; --profile shows the split. What would "
+              "remove it: a reader outside Energon's per-sample path (it would have to carry Energon's restore keys), "
+              "rendering without Jinja, and for 2 workers cores that do not share one cache")
     if args.profile:
         profile_project(loaders["project_w0"][0])
 
