@@ -145,15 +145,21 @@ def loader_config(dataset: Path) -> dict:
             "loader": {"batch_size": 1, "num_workers": 0, "shuffle_buffer_size": None, "seed": 0}}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="300 conversations instead of 2,000 (< 30 s when cached)")
+def conversation_args(argv, description: str, rounds: int, rounds_help: str, profile_help: str):
+    """``(args, conversations, rounds)`` of a benchmark over this script's conversations: ``--quick``
+    (300 instead of 2,000), ``--conversations``, ``--rounds`` (default ``rounds``), ``--profile``."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help="300 conversations instead of 2,000")
     ap.add_argument("--conversations", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (median)")
-    ap.add_argument("--profile", action="store_true", help="cProfile one path pass (top 15 by tottime)")
+    ap.add_argument("--rounds", type=int, default=None, help=rounds_help)
+    ap.add_argument("--profile", action="store_true", help=profile_help)
     args = ap.parse_args(argv)
-    n = args.conversations or (300 if args.quick else 2000)
-    rounds = args.rounds or 3
+    return args, args.conversations or (300 if args.quick else 2000), args.rounds or rounds
+
+
+def main(argv=None) -> int:
+    args, n, rounds = conversation_args(argv, __doc__.splitlines()[0], 3, "interleaved rounds (median)",
+                                        "cProfile one path pass (top 15 by tottime)")
 
     C.limit_threads()
     from energon_nemotron.loader import build_train_loader

@@ -40,7 +40,6 @@ workers, the top entries by own and by cumulative time, and the own time grouped
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import json
@@ -285,14 +284,9 @@ def profile_project(loader, top: int = 20) -> None:
 
 # ---------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="300 conversations instead of 2,000")
-    ap.add_argument("--conversations", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds after the warm-up (median)")
-    ap.add_argument("--profile", action="store_true", help="cProfile one project pass with 0 workers")
-    args = ap.parse_args(argv)
-    n = args.conversations or (300 if args.quick else 2000)
-    rounds = args.rounds or 1
+    args, n, rounds = text_path.conversation_args(argv, __doc__.splitlines()[0], 1,
+                                                  "interleaved timed rounds after the warm-up (median)",
+                                                  "cProfile one project pass with 0 workers")
 
     C.limit_threads()
     from transformers import AutoTokenizer
