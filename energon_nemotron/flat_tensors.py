@@ -14,6 +14,7 @@ batch crosses as one segment. :func:`unpack` gives back views with the original 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -37,7 +38,7 @@ def pack(tensors: Sequence[torch.Tensor]) -> Optional[tuple[Any, list[tuple]]]:
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.is_sparse or t.requires_grad:
             return None
         layout.append((at, t.dtype, tuple(t.shape)))
-        at += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        at += -(-t.numel() * t.dtype.itemsize // ALIGN) * ALIGN
     shared = at > BY_VALUE_MAX and torch.utils.data.get_worker_info() is not None
     buffer = shared_empty((at,), torch.uint8) if shared else torch.empty(at, dtype=torch.uint8)
     for t, view in zip(tensors, unpack(buffer, layout)):
@@ -50,11 +51,5 @@ def unpack(buffer: Any, layout: Sequence[tuple]) -> list[torch.Tensor]:
     shapes of ``layout``."""
     if isinstance(buffer, np.ndarray):
         buffer = torch.from_numpy(buffer)
-    out = []
-    for offset, dtype, shape in layout:
-        n = 1
-        for d in shape:
-            n *= int(d)
-        nbytes = n * torch.empty(0, dtype=dtype).element_size()
-        out.append(buffer[offset:offset + nbytes].view(dtype).view(shape))
-    return out
+    return [buffer[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            for offset, dtype, shape in layout]
