@@ -203,7 +203,7 @@ class PackedBatch:
         """Pickled with its token tensors in one flat buffer (``flat_tensors``): a batch leaves a
         ``DataLoader`` worker by value (up to 1 MiB) or as one shared-memory segment, instead of
         one segment per tensor. ``media`` pickles as its ``PackedTensor``s do."""
-        from energon_nemotron.flat_tensors import pack
+        from energon_nemotron.tensors.flat import pack
 
         state = dict(self.__dict__)
         rows = len(self.cu_seqlens)
@@ -217,7 +217,7 @@ class PackedBatch:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        from energon_nemotron.flat_tensors import unpack
+        from energon_nemotron.tensors.flat import unpack
 
         flat = state.pop("_flat", None)
         if flat is not None:

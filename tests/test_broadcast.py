@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from energon_nemotron.media.packed_tensor import PackedTensor
+from energon_nemotron import tensors
+from energon_nemotron.tensors import PackedTensor
 from energon_nemotron.parallel.broadcast import (
     WIRE_VERSION, _decode_header, batches_equal, broadcast_packed_batch, packed_batch_from_wire, packed_batch_to_wire)
 from energon_nemotron.types import PackedBatch
@@ -116,7 +117,7 @@ def test_deduplicated_media_round_trip_once():
     g = torch.Generator().manual_seed(6)
     img, frame = torch.randn(5, 12, generator=g), torch.randn(2, 12, generator=g)
     plain = PackedTensor.from_list([img, torch.cat([frame, frame]), img])
-    batch.media["pixel_values"] = PackedTensor.from_keyed([img, [frame, frame], img], ["i", ["f", "f"], "i"])
+    batch.media["pixel_values"] = tensors.from_keyed([img, [frame, frame], img], ["i", ["f", "f"], "i"])
     header, buffers = packed_batch_to_wire(batch)
     out = packed_batch_from_wire(json.loads(json.dumps(header)), buffers)
     assert batches_equal(out, batch)

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import torch
 
-from energon_nemotron.flat_tensors import BY_VALUE_MAX, pack, unpack
+from energon_nemotron.tensors.flat import BY_VALUE_MAX, pack, unpack
 from energon_nemotron.types import PackedBatch
 
 

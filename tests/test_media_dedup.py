@@ -21,7 +21,7 @@ from energon_nemotron.demo.media import make_audio, make_image, make_video
 from energon_nemotron.loader import build_train_loader
 from energon_nemotron.media.handlers import payload_digest, provenance_key
 from energon_nemotron.media.image import plan_image
-from energon_nemotron.media.packed_tensor import PackedTensor
+from energon_nemotron.tensors import PackedTensor
 from energon_nemotron.media.video import (VideoOptions, VideoPlan, plan_video, process_video, process_video_frames,
                                           video_metadata)
 from energon_nemotron.parallel.broadcast import (BroadcastStats, _plan, batches_equal, broadcast_packed_batch,

@@ -1,4 +1,4 @@
-"""Tests for ``energon_nemotron.media.packed_tensor``: ragged per-item tensors for media batches."""
+"""Tests for ``energon_nemotron.tensors.packed``: ragged per-item tensors for media batches."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_nemotron.media.packed_tensor import PackedTensor, dtype_from_name, dtype_name
+from energon_nemotron import tensors
+from energon_nemotron.tensors import PackedTensor, dtype_from_name, dtype_name
 
 FEATURE_SHAPES = [(), (3,), (2, 3)]
 WIRE_DTYPES = [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.uint8]
@@ -118,7 +119,7 @@ def test_concat_of_slices_is_original(case, data):
         assert part.offsets[0].item() == 0 and part.offsets[-1].item() == part.as_tensor().shape[0]
         for k in range(b - a):
             assert torch.equal(part[k], items[a + k])
-    joined = PackedTensor.concat(parts)
+    joined = tensors.concat(parts)
     assert joined.equal(pt)
     assert [t.shape for t in joined] == [t.shape for t in items]
     assert all(torch.equal(x, y) for x, y in zip(joined, items))
@@ -141,15 +142,15 @@ def test_slice_shares_data_and_handles_edges():
 def test_concat_empty_parts_and_errors():
     a = PackedTensor.from_list([torch.ones(2, 3)])
     e = PackedTensor.empty((3,), torch.float32)
-    joined = PackedTensor.concat([e, a, e, a, e])
+    joined = tensors.concat([e, a, e, a, e])
     assert joined.offsets.tolist() == [0, 2, 4]
-    assert PackedTensor.concat([e, e]).equal(e)
+    assert tensors.concat([e, e]).equal(e)
     with pytest.raises(ValueError):
-        PackedTensor.concat([])
+        tensors.concat([])
     with pytest.raises(ValueError, match="part 1"):
-        PackedTensor.concat([a, PackedTensor.from_list([torch.ones(2, 4)])])
+        tensors.concat([a, PackedTensor.from_list([torch.ones(2, 4)])])
     with pytest.raises(ValueError, match="part 1"):
-        PackedTensor.concat([a, a.to(dtype=torch.float64)])
+        tensors.concat([a, a.to(dtype=torch.float64)])
 
 
 # ---------------------------------------------------------------- to / pin_memory / equal / repr
@@ -222,7 +223,7 @@ def test_wire_round_trip_bit_identical(dtype, feature_shape):
     assert json.loads(text) == {"dtype": dtype_name(dtype), "feature_shape": list(feature_shape),
                                 "offsets": [0, 3, 3, 8, 9]}
     assert len(text) < 200  # offsets and shape only, no data
-    back = PackedTensor.from_wire(json.loads(text), buffer.clone())
+    back = tensors.from_wire(json.loads(text), buffer.clone())
     assert back.dtype == dtype and back.feature_shape == feature_shape
     assert same_bits(back.as_tensor(), pt.as_tensor())
     assert back.offsets.tolist() == pt.offsets.tolist() and back.offsets.dtype == torch.int64
@@ -233,43 +234,43 @@ def test_wire_round_trip_bit_identical(dtype, feature_shape):
 def test_wire_bfloat16_special_values_bit_identical():
     raw = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40, 3.0e38])
     pt = PackedTensor.from_list([raw.to(torch.bfloat16).reshape(-1, 1)])
-    back = PackedTensor.from_wire(pt.wire_header(), pt.wire_buffer().clone())
+    back = tensors.from_wire(pt.wire_header(), pt.wire_buffer().clone())
     assert same_bits(back.as_tensor(), pt.as_tensor())
 
 
 def test_wire_of_slice_and_empty():
     pt = PackedTensor.from_list([make_item(n, (3,), torch.float32, n) for n in (2, 4, 1)])
     part = pt.slice(1, 3)
-    assert PackedTensor.from_wire(part.wire_header(), part.wire_buffer().clone()).equal(part)
+    assert tensors.from_wire(part.wire_header(), part.wire_buffer().clone()).equal(part)
     e = PackedTensor.empty((2, 3), torch.int64)
     assert e.wire_buffer().numel() == 0
-    assert PackedTensor.from_wire(e.wire_header(), e.wire_buffer()).equal(e)
+    assert tensors.from_wire(e.wire_header(), e.wire_buffer()).equal(e)
 
 
 def test_from_wire_misaligned_buffer_still_works():
     pt = PackedTensor.from_list([torch.arange(6, dtype=torch.int64).reshape(3, 2)])
     big = torch.zeros(pt.wire_buffer().numel() + 1, dtype=torch.uint8)
     big[1:] = pt.wire_buffer()
-    assert PackedTensor.from_wire(pt.wire_header(), big[1:]).equal(pt)
+    assert tensors.from_wire(pt.wire_header(), big[1:]).equal(pt)
 
 
 def test_from_wire_rejects_bad_input():
     pt = PackedTensor.from_list([torch.randn(2, 3), torch.randn(1, 3)])
     header, buffer = pt.wire_header(), pt.wire_buffer()
     with pytest.raises(ValueError, match="bytes"):
-        PackedTensor.from_wire(header, buffer[:-4])
+        tensors.from_wire(header, buffer[:-4])
     with pytest.raises(ValueError, match="bytes"):
-        PackedTensor.from_wire(header, torch.cat([buffer, torch.zeros(4, dtype=torch.uint8)]))
+        tensors.from_wire(header, torch.cat([buffer, torch.zeros(4, dtype=torch.uint8)]))
     with pytest.raises(ValueError, match="bytes"):
-        PackedTensor.from_wire({**header, "dtype": "float64"}, buffer)
+        tensors.from_wire({**header, "dtype": "float64"}, buffer)
     with pytest.raises(ValueError):
-        PackedTensor.from_wire(header, buffer.view(torch.float32))  # not uint8
+        tensors.from_wire(header, buffer.view(torch.float32))  # not uint8
     with pytest.raises(ValueError, match="unknown torch dtype"):
-        PackedTensor.from_wire({**header, "dtype": "float33"}, buffer)
+        tensors.from_wire({**header, "dtype": "float33"}, buffer)
     with pytest.raises(ValueError, match="malformed"):
-        PackedTensor.from_wire({"dtype": "float32", "offsets": [0, 3]}, buffer)
+        tensors.from_wire({"dtype": "float32", "offsets": [0, 3]}, buffer)
     with pytest.raises(ValueError, match="non-decreasing"):
-        PackedTensor.from_wire({**header, "offsets": [0, 2, 1, 3]}, buffer)
+        tensors.from_wire({**header, "offsets": [0, 2, 1, 3]}, buffer)
 
 
 # ---------------------------------------------------------------- validation errors
@@ -347,7 +348,7 @@ def keyed(draw, dtypes=(torch.float32,)):
 
 def keyed_pair(case):
     items, keys, plain, feature_shape, dtype = case
-    return (PackedTensor.from_keyed(items, keys, feature_shape=feature_shape, dtype=dtype),
+    return (tensors.from_keyed(items, keys, feature_shape=feature_shape, dtype=dtype),
             pack(plain, feature_shape, dtype))
 
 
@@ -375,27 +376,27 @@ def test_dedup_and_plain_agree_through_the_logical_api(case, data):
     parts = [dd.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     for (a, b), part in zip(zip(bounds[:-1], bounds[1:]), parts):
         assert part.is_deduplicated and part.equal(pt.slice(a, b))
-    joined = PackedTensor.concat(parts)
+    joined = tensors.concat(parts)
     assert joined.is_deduplicated and joined.equal(pt) and joined.physical_nbytes == dd.physical_nbytes
-    mixed = PackedTensor.concat([dd, pt, dd])
-    assert mixed.equal(PackedTensor.concat([pt, pt, pt]))
+    mixed = tensors.concat([dd, pt, dd])
+    assert mixed.equal(tensors.concat([pt, pt, pt]))
     assert mixed.physical_nbytes == dd.physical_nbytes + pt.physical_nbytes  # the second dd is shared
     # pickle and wire: the same items and the same segment table
     for back in (pickle.loads(pickle.dumps(dd)),
-                 PackedTensor.from_wire(json.loads(json.dumps(dd.wire_header())), dd.wire_buffer().clone())):
+                 tensors.from_wire(json.loads(json.dumps(dd.wire_header())), dd.wire_buffer().clone())):
         assert back.is_deduplicated and back.same_structure(dd) and back.equal(pt) and back.keys == dd.keys
     assert dd.wire_buffer().numel() == dd.physical_nbytes
 
 
 def test_dedup_to_equal_and_cast():
     a, b = torch.randn(3, 4), torch.randn(2, 4)
-    dd = PackedTensor.from_keyed([a, [b, a], a], ["a", ["b", "a"], "a"])
+    dd = tensors.from_keyed([a, [b, a], a], ["a", ["b", "a"], "a"])
     pt = PackedTensor.from_list([a, torch.cat([b, a]), a])
     half = dd.to(torch.bfloat16)
     assert half.is_deduplicated and half.dtype == torch.bfloat16 and half.equal(pt.to(torch.bfloat16))
     assert half.same_structure(dd) and dd.dtype == torch.float32              # the original is untouched
     assert dd.to("cpu").equal(pt) and dd.to(device="cpu", dtype=torch.float32).same_structure(dd)
-    ints = PackedTensor.from_keyed([torch.ones(2, 2, dtype=torch.int32)] * 2, ["x", "x"])
+    ints = tensors.from_keyed([torch.ones(2, 2, dtype=torch.int32)] * 2, ["x", "x"])
     assert ints.to(dtype=torch.bfloat16).dtype == torch.int32
     with pytest.raises(TypeError):
         dd.to(dtype=torch.int64)
@@ -409,7 +410,7 @@ def test_dedup_to_equal_and_cast():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
 def test_dedup_pin_memory_and_device():
     a = torch.randn(3, 4)
-    dd = PackedTensor.from_keyed([a, a], ["a", "a"])
+    dd = tensors.from_keyed([a, a], ["a", "a"])
     pinned = dd.pin_memory()
     assert pinned.store.is_pinned() and pinned.offsets.is_pinned() and pinned.equal(dd)
     on_gpu = pinned.to("cuda", non_blocking=True)
@@ -419,10 +420,10 @@ def test_dedup_pin_memory_and_device():
 
 def test_dedup_materializes_lazily_and_shares_the_store():
     a, b, f = torch.randn(3, 4), torch.randn(2, 4), torch.randn(2, 4)
-    unique = PackedTensor.from_keyed([a, [b, f]], ["a", ["b", "f"]])
+    unique = tensors.from_keyed([a, [b, f]], ["a", ["b", "f"]])
     assert unique._logical is None and unique.data.data_ptr() == unique.store.data_ptr()  # nothing shared: no copy
     assert unique.data.shape == unique.store.shape
-    dd = PackedTensor.from_keyed([a, [b, f, f], a], ["a", ["b", "f", "f"], "a"])
+    dd = tensors.from_keyed([a, [b, f, f], a], ["a", ["b", "f", "f"], "a"])
     assert dd.store.shape[0] == 7 and dd.offsets.tolist() == [0, 3, 9, 12]
     assert dd[2].data_ptr() == dd.store.data_ptr() and dd._logical is None    # one segment: a view
     assert dd[1].untyped_storage().data_ptr() != dd.store.untyped_storage().data_ptr()  # [b, f, f]: a copy
@@ -440,42 +441,42 @@ def test_dedup_materializes_lazily_and_shares_the_store():
 
 def test_dedup_shared_memory_and_empty():
     a = torch.randn(3, 4)
-    dd = PackedTensor.from_keyed([a, a, [a, a]], ["a", "a", ["a", "a"]], shared=True)
+    dd = tensors.from_keyed([a, a, [a, a]], ["a", "a", ["a", "a"]], shared=True)
     assert dd.store.is_shared() and dd.store.shape == (3, 4) and dd.logical_nbytes == 4 * dd.physical_nbytes
-    e = PackedTensor.from_keyed([], [], feature_shape=(2, 3), dtype=torch.bfloat16)
+    e = tensors.from_keyed([], [], feature_shape=(2, 3), dtype=torch.bfloat16)
     assert e.is_deduplicated and len(e) == 0 and e.as_tensor().shape == (0, 2, 3) and e.offsets.tolist() == [0]
-    assert PackedTensor.from_wire(e.wire_header(), e.wire_buffer()).equal(e)
-    z = PackedTensor.from_keyed([[], torch.zeros(0, 4)], [[], None])             # items with no rows
+    assert tensors.from_wire(e.wire_header(), e.wire_buffer()).equal(e)
+    z = tensors.from_keyed([[], torch.zeros(0, 4)], [[], None])             # items with no rows
     assert z.offsets.tolist() == [0, 0, 0] and z[0].shape == (0, 4) and z.slice(1, 2).equal(z.slice(0, 1))
 
 
 def test_dedup_errors():
     a = torch.randn(3, 4)
     with pytest.raises(ValueError, match=r"key 'a': item 1 segment 0 .*\(2, 4\).*\(3, 4\)"):
-        PackedTensor.from_keyed([a, torch.randn(2, 4)], ["a", "a"])
+        tensors.from_keyed([a, torch.randn(2, 4)], ["a", "a"])
     with pytest.raises(ValueError, match="key 'a'.*float64"):
-        PackedTensor.from_keyed([a, a.double()], ["a", "a"])
+        tensors.from_keyed([a, a.double()], ["a", "a"])
     with pytest.raises(ValueError, match="item 1 segment 0 .*feature shape"):
-        PackedTensor.from_keyed([a, torch.randn(2, 5)], ["a", "b"])
+        tensors.from_keyed([a, torch.randn(2, 5)], ["a", "b"])
     with pytest.raises(ValueError, match="item 1 segment 0 .*float64"):
-        PackedTensor.from_keyed([a, a.double()], ["a", "b"])
+        tensors.from_keyed([a, a.double()], ["a", "b"])
     with pytest.raises(ValueError, match="2 items but 1 keys"):
-        PackedTensor.from_keyed([a, a], ["a"])
+        tensors.from_keyed([a, a], ["a"])
     with pytest.raises(ValueError, match="item 0 has 2 segments but 1 keys"):
-        PackedTensor.from_keyed([[a, a]], [["a"]])
+        tensors.from_keyed([[a, a]], [["a"]])
     with pytest.raises(ValueError, match="feature_shape and dtype"):
-        PackedTensor.from_keyed([], [])
+        tensors.from_keyed([], [])
     with pytest.raises(ValueError, match="expected"):
-        PackedTensor.from_keyed([a], ["a"], feature_shape=(5,))
+        tensors.from_keyed([a], ["a"], feature_shape=(5,))
     with pytest.raises(TypeError):
-        PackedTensor.from_keyed([a, a], [["un", "hashable"], "b"])
+        tensors.from_keyed([a, a], [["un", "hashable"], "b"])
     # concat: the same key in two parts with other shapes
     with pytest.raises(ValueError, match="key 'a'"):
-        PackedTensor.concat([PackedTensor.from_keyed([a], ["a"]), PackedTensor.from_keyed([a[:1]], ["a"])])
+        tensors.concat([tensors.from_keyed([a], ["a"]), tensors.from_keyed([a[:1]], ["a"])])
     with pytest.raises(ValueError, match="part 1"):
-        PackedTensor.concat([PackedTensor.from_keyed([a], ["a"]), PackedTensor.from_list([torch.ones(1, 5)])])
+        tensors.concat([tensors.from_keyed([a], ["a"]), PackedTensor.from_list([torch.ones(1, 5)])])
     # the checked constructor
-    from energon_nemotron.media.dedup_tensor import DedupPackedTensor
+    from energon_nemotron.tensors import DedupPackedTensor
 
     t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     DedupPackedTensor(torch.zeros(5, 2), t([0, 2, 5]), t([0, 1, 3]), t([1, 0, 1]), ["x", "y"])
@@ -494,20 +495,20 @@ def test_dedup_errors():
 
 def test_dedup_from_wire_rejects_bad_input():
     a = torch.randn(3, 4)
-    dd = PackedTensor.from_keyed([a, [a, a]], ["a", ["a", "a"]])
+    dd = tensors.from_keyed([a, [a, a]], ["a", ["a", "a"]])
     header, buffer = dd.wire_header(), dd.wire_buffer()
     assert buffer.numel() == 48 and header["offsets"] == [0, 3, 9] and header["dedup"]["segment_ids"] == [0, 0, 0]
     with pytest.raises(ValueError, match="bytes"):
-        PackedTensor.from_wire(header, buffer[:-4])
+        tensors.from_wire(header, buffer[:-4])
     with pytest.raises(ValueError, match="disagree"):
-        PackedTensor.from_wire({**header, "offsets": [0, 6, 9]}, buffer)
+        tensors.from_wire({**header, "offsets": [0, 6, 9]}, buffer)
     with pytest.raises(ValueError, match="malformed"):
-        PackedTensor.from_wire({**header, "dedup": {"item_ptr": [0, 1]}}, buffer)
+        tensors.from_wire({**header, "dedup": {"item_ptr": [0, 1]}}, buffer)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
-        PackedTensor.from_wire({**header, "dedup": {**header["dedup"], "segment_ids": [0, 1, 0]}}, buffer)
+        tensors.from_wire({**header, "dedup": {**header["dedup"], "segment_ids": [0, 1, 0]}}, buffer)
     shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), buffer])[1:]   # misaligned: copied
-    assert PackedTensor.from_wire(header, shifted).equal(dd)
+    assert tensors.from_wire(header, shifted).equal(dd)
     # non-str keys travel as stable digests (receivers can still re-intern by them)
-    tup = PackedTensor.from_keyed([a, a], [("img", b"\x01"), ("img", b"\x01")])
+    tup = tensors.from_keyed([a, a], [("img", b"\x01"), ("img", b"\x01")])
     keys = tup.wire_header()["dedup"]["keys"]
     assert len(keys) == 1 and keys[0].startswith("#") and keys == tup.wire_header()["dedup"]["keys"]

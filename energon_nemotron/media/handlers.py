@@ -16,7 +16,7 @@ Placeholders (token ids spliced where a message references the item):
 Each text piece is tokenized on its own, so nothing merges across a placeholder.
 
 Provenance (``process`` returns ``keys``): a key names what a tensor was made from, so a batch
-stores a segment used several times once (``PackedTensor.from_keyed``): a digest of the payload
+stores a segment used several times once (``tensors.from_keyed``): a digest of the payload
 bytes (a file path: of its content as read) with the plan and options that shape the tensor (same
 bytes, another plan: another key). An image or audio item is one segment; a video one segment per
 frame (``"<video key>:<distinct frame>"``), so repeated frames and the same video twice share rows.

@@ -125,10 +125,10 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
     longest clip of the batch: shorter clips zero-padded) and ``sound_lengths`` (PackedTensor, per
     audio int64 [clips_i]: mel frames ``1 + L // hop``); only the kinds present.
 
-    ``pixel_values`` and ``sound_features`` are deduplicated (``PackedTensor.from_keyed`` over the
+    ``pixel_values`` and ``sound_features`` are deduplicated (``tensors.from_keyed`` over the
     items' provenance ``keys``, see ``media.handlers``): an image or audio used by several samples
     of the batch, a video's repeated frames and a video used twice are stored once."""
-    from energon_nemotron.media.packed_tensor import PackedTensor
+    from energon_nemotron.tensors import PackedTensor, from_keyed
 
     visual = [v for r in rows for v in r.visual]
     audio = [a for r in rows for a in r.audio]
@@ -138,7 +138,7 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
     shared = torch.utils.data.get_worker_info() is not None
     if visual:
         segments = [_keyed_segments(v["pixels"], v.get("keys")) for v in visual]
-        media["pixel_values"] = PackedTensor.from_keyed([s for s, _ in segments], [k for _, k in segments],
+        media["pixel_values"] = from_keyed([s for s, _ in segments], [k for _, k in segments],
                                                         shared=shared)
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
         media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
@@ -155,7 +155,7 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
                 if keys:
                     padded[keys] = f
             segments.append(_keyed_segments(f, keys))
-        media["sound_features"] = PackedTensor.from_keyed([s for s, _ in segments], [k for _, k in segments],
+        media["sound_features"] = from_keyed([s for s, _ in segments], [k for _, k in segments],
                                                           shared=shared)
         media["sound_lengths"] = PackedTensor.from_list([a["lengths"] for a in audio])
     return media

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from energon_nemotron.media.packed_tensor import PackedTensor, dtype_from_name, dtype_name
+from energon_nemotron.tensors import PackedTensor, from_wire
+from energon_nemotron.tensors.common import dtype_from_name, dtype_name, typed_view
 from energon_nemotron.types import PackedBatch
 
 __all__ = ["broadcast_packed_batch", "packed_batch_to_wire", "packed_batch_from_wire", "batches_equal",
@@ -236,12 +237,7 @@ def packed_batch_from_wire(header: dict, buffers: dict[str, torch.Tensor]) -> Pa
         if min(shape, default=0) < 0 or offset % dtype.itemsize or offset + nbytes > sizes.get(spec["dtype"], -1):
             raise ValueError(f"PackedBatch header: {what} ({spec['dtype']} {shape} at byte {offset}) misfits")
         used[spec["dtype"]] += nbytes
-        raw = buffers[spec["dtype"]][offset:offset + nbytes]
-        try:
-            typed = raw.view(dtype)
-        except RuntimeError:  # storage offset not aligned to the item size: copy
-            typed = raw.clone().view(dtype)
-        return typed.view(shape)
+        return typed_view(buffers[spec["dtype"]][offset:offset + nbytes], dtype).view(shape)
 
     fields = {k: take(header["tensors"][k], k) for k in _TENSORS}
     for k in ("cu_seqlens", "cu_seqlens_padded"):
@@ -263,7 +259,7 @@ def packed_batch_from_wire(header: dict, buffers: dict[str, torch.Tensor]) -> Pa
             wire = entry["wire"]
             shape = [PackedTensor.wire_rows(wire), *wire["feature_shape"]]
             data = take({"dtype": wire["dtype"], "shape": shape, "offset": entry["offset"]}, what)
-            media[name] = PackedTensor.from_wire(wire, data.reshape(-1).view(torch.uint8))
+            media[name] = from_wire(wire, data.reshape(-1).view(torch.uint8))
         elif kind == "value":
             media[name] = _dec(entry["value"])
         else:

@@ -28,15 +28,16 @@ from typing import Any, Hashable, Iterator, Optional, Sequence
 
 import torch
 
-from energon_nemotron.media.packed_tensor import (PackedTensor, _check_parts, _describe, _to_args, dtype_from_name,
-                                                  dtype_name, shared_empty, wire_rows_view)
+from energon_nemotron.tensors.common import (check_parts, describe, dtype_name, item_index, shared_empty, slice_bounds,
+                                            to_args, wire_fields, wire_rows_view)
+from energon_nemotron.tensors.packed import PackedTensor
 
 __all__ = ["DedupPackedTensor", "wire_key"]
 
 
 def _int64_cpu(t: Any, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.int64:
-        raise ValueError(f"{what} must be a 1-D int64 tensor, got {_describe(t)}")
+        raise ValueError(f"{what} must be a 1-D int64 tensor, got {describe(t)}")
     return t.cpu()
 
 
@@ -104,14 +105,14 @@ class _Interner:
 
 class DedupPackedTensor(PackedTensor):
     """A ``PackedTensor`` (logical API unchanged) over a deduplicated segment store; see the module
-    docstring for the layout. Build it with :meth:`from_keyed` (or ``PackedTensor.from_keyed``)."""
+    docstring for the layout. Build it with :meth:`from_keyed` (or ``energon_nemotron.tensors.from_keyed``)."""
 
     is_deduplicated = True
 
     def __init__(self, store: torch.Tensor, segment_offsets: torch.Tensor, item_ptr: torch.Tensor,
                  segment_ids: torch.Tensor, keys: Optional[Sequence[Hashable]] = None) -> None:
         if not isinstance(store, torch.Tensor) or store.dim() < 1:
-            raise ValueError(f"store must be a tensor with at least one dim, got {_describe(store)}")
+            raise ValueError(f"store must be a tensor with at least one dim, got {describe(store)}")
         seg = _int64_cpu(segment_offsets, "segment_offsets")
         ptr, ids = _int64_cpu(item_ptr, "item_ptr"), _int64_cpu(segment_ids, "segment_ids")
         _check_pointer(seg, store.shape[0], "segment_offsets", "store rows")
@@ -167,7 +168,7 @@ class DedupPackedTensor(PackedTensor):
                 raise ValueError(f"item {i} has {len(parts)} segments but {len(part_keys)} keys")
             for j, (t, k) in enumerate(zip(parts, part_keys)):
                 if not isinstance(t, torch.Tensor) or t.dim() < 1:
-                    raise ValueError(f"item {i} segment {j} must be a tensor with at least one dim, got {_describe(t)}")
+                    raise ValueError(f"item {i} segment {j} must be a tensor with at least one dim, got {describe(t)}")
                 store.add(t, k, (anon, i, j) if k is None else k, f"item {i} segment {j}")
             store.end_item()
         if not store.segs and (feature_shape is None or dtype is None):
@@ -226,10 +227,7 @@ class DedupPackedTensor(PackedTensor):
     def __getitem__(self, i: int) -> torch.Tensor:
         """Item ``i`` ``[n_i, *F]`` (negative indices count from the end): a view when its segments
         are consecutive in the store (or the logical data is built), else a copy. Read-only."""
-        n, k = len(self), operator.index(i)
-        k = k + n if k < 0 else k
-        if not 0 <= k < n:
-            raise IndexError(f"item index {i} out of range for {n} items")
+        k = item_index(i, len(self))
         if self._logical is not None:
             start, stop = self.offsets[k:k + 2].tolist()
             return self._logical[start:stop]
@@ -243,11 +241,7 @@ class DedupPackedTensor(PackedTensor):
     def slice(self, i: int, j: int) -> "DedupPackedTensor":
         """Items ``i .. j-1`` (IndexError as ``PackedTensor.slice``), deduplicated: the segments they
         reference, a view of the store when those are consecutive, else copied once each."""
-        n = len(self)
-        i, j = operator.index(i), operator.index(j)
-        i, j = (i + n if i < 0 else i), (j + n if j < 0 else j)
-        if not 0 <= i <= j <= n:
-            raise IndexError(f"slice({i}, {j}) out of range for {n} items")
+        i, j = slice_bounds(i, j, len(self))
         ptr, ids, seg = self._host()
         refs = ids[ptr[i]:ptr[j]]
         used = sorted(set(refs))
@@ -272,7 +266,7 @@ class DedupPackedTensor(PackedTensor):
         a segment whose key an earlier part already holds is not stored again (same key, other
         shape: ValueError); items of plain parts become unkeyed segments. Feature shapes and dtypes
         must agree (ValueError naming the part); ``parts`` must not be empty."""
-        parts = _check_parts(parts)
+        parts = check_parts(parts)
         store, anon, first = _Interner(), object(), parts[0]
         for k, p in enumerate(parts):
             if isinstance(p, DedupPackedTensor):
@@ -292,7 +286,7 @@ class DedupPackedTensor(PackedTensor):
     def to(self, device: Any = None, dtype: Optional[torch.dtype] = None,
            non_blocking: bool = False) -> "DedupPackedTensor":
         """``PackedTensor.to`` on the store (moved, floating data cast); the segment table stays."""
-        device, target = _to_args(device, dtype, self.store.is_floating_point())
+        device, target = to_args(device, dtype, self.store.is_floating_point())
         store = self.store.to(device=device, dtype=target, non_blocking=non_blocking)
         offsets = self.offsets.to(device=store.device, non_blocking=non_blocking)
         return DedupPackedTensor._unchecked(store, self.segment_offsets, self.item_ptr, self.segment_ids,
@@ -359,18 +353,16 @@ class DedupPackedTensor(PackedTensor):
         """Inverse of ``wire_header`` / ``wire_buffer``: the store lives on ``buffer``'s device (shares
         its memory when aligned); ValueError on a malformed header, a wrong size, or logical
         offsets that disagree with the segment table."""
+        dtype, feature_shape, offsets = wire_fields(header)
         try:
-            dtype = dtype_from_name(header["dtype"])
-            feature_shape = tuple(operator.index(d) for d in header["feature_shape"])
-            offsets = [operator.index(o) for o in header["offsets"]]
             table = header["dedup"]
             seg, ptr, ids = ([operator.index(v) for v in table[k]]
                              for k in ("segment_offsets", "item_ptr", "segment_ids"))
             keys = list(table["keys"])
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed PackedTensor wire header: {e!r}") from e
-        if any(d < 0 for d in feature_shape) or not seg:
-            raise ValueError(f"bad feature_shape {feature_shape} or empty segment_offsets in wire header")
+        if not seg:
+            raise ValueError("empty segment_offsets in wire header")
         store = wire_rows_view(buffer, dtype, feature_shape, seg[-1], "stored rows")
         as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
         out = cls(store, as_t(seg), as_t(ptr), as_t(ids), keys)

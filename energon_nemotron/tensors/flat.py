@@ -20,6 +20,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from energon_nemotron.tensors.common import shared_empty
+
 #: byte alignment of each tensor in the buffer (a view of any dtype needs its item size)
 ALIGN = 16
 #: the largest buffer sent by value (about four copies of it cost less than one segment hand-over)
@@ -31,8 +33,6 @@ def pack(tensors: Sequence[torch.Tensor]) -> Optional[tuple[Any, list[tuple]]]:
     one is not a CPU tensor (the caller pickles as usual). ``layout``: per tensor (byte offset,
     dtype, shape). The buffer is a NumPy array up to :data:`BY_VALUE_MAX` bytes, else a tensor,
     allocated in shared memory in a ``DataLoader`` worker."""
-    from energon_nemotron.media.packed_tensor import shared_empty
-
     layout, at = [], 0
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.is_sparse or t.requires_grad:
