@@ -138,42 +138,6 @@ class DataConfig(StrictModel):
         return _source(v, info.field_name)
 
 
-def check_source_path(src: Source, field: str) -> None:
-    """``ConfigError`` naming ``field`` (``data.train``) unless ``src.path`` is there and, for an
-    Energon source, prepared (checked when a loader is built, not when the config is read)."""
-    path = Path(src.path)
-    if isinstance(src, MegatronSource):
-        if not path.is_file():
-            what = "is a folder" if path.is_dir() else "does not exist"
-            manifest = path.with_name(path.name + ".manifest.json")
-            if manifest.is_file():
-                what += f" (it was packed into shards: set path to their manifest {manifest.name})"
-            raise ConfigError(f"{field}.path: {str(path)!r} {what}; a megatron_sft_packed source is a .jsonl.packed "
-                              "file of packed rows or the OUT.manifest.json of its shards (write them with "
-                              "`energon-nemotron pack-megatron`)")
-        return
-    prepare = f"prepare it with `energon prepare {path}`"
-    if not path.exists():
-        raise ConfigError(f"{field}.path: {str(path)!r} does not exist; set it to an Energon dataset: a folder "
-                          "prepared with `energon prepare FOLDER`, a metadataset .yaml or a prepared .jsonl")
-    if path.is_dir() and not (path / ".nv-meta").is_dir():
-        raise ConfigError(f"{field}.path: {str(path)!r} is not a prepared Energon dataset (it has no .nv-meta "
-                          f"folder); {prepare}")
-    if path.suffix == ".jsonl" and not path.with_name(path.name + ".idx").is_file():
-        raise ConfigError(f"{field}.path: {str(path)!r} is not prepared (no {path.name}.idx beside it); {prepare}")
-
-
-def check_media_roots(data: DataConfig) -> None:
-    """``ConfigError`` naming ``data.media_roots[i]`` unless every media root is an existing folder
-    (checked when a loader or task encoder is built)."""
-    for i, root in enumerate(data.media_roots or ()):
-        path = Path(root)
-        if not path.is_dir():
-            what = "is a file, not a folder" if path.exists() else "does not exist"
-            raise ConfigError(f"data.media_roots[{i}]: {str(path)!r} {what}; a media root is a folder that media "
-                              "paths in samples may name (relative paths resolve against the config's folder)")
-
-
 class TaskEncoderConfig(StrictModel):
     name: str = "nemotron_multimodal"
     options: dict[str, Any] = Field(default_factory=dict)
@@ -268,14 +232,16 @@ def describe_value(value: Any) -> str:
     return f"{shown if len(shown) <= 60 else shown[:57] + '...'} ({kind})"
 
 
-def _type_check(tp: Any) -> tuple[Callable[[Any], bool], str]:
-    """A predicate for values of the annotation ``tp`` and how to say it ("a number"); annotations
-    other than bool/int/float/str, Literal and Optional/Union of them are not checked."""
+def type_check(tp: Any, classes: bool = False) -> tuple[Callable[[Any], bool], str]:
+    """A predicate for values of the annotation ``tp`` and how to say it ("a number"): the one
+    vocabulary of value types that config, option and subflavor messages use (no coercion: ``"2"``
+    is not a number; an int is one). Annotations other than bool/int/float/str, Literal and
+    Optional/Union of them are not checked, except a plain class with ``classes`` (``isinstance``)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
         return (lambda v: any(type(v) is type(a) and v == a for a in args)), "one of " + ", ".join(map(repr, args))
     if origin is Union or origin is types.UnionType:
-        arms = [_type_check(a) for a in args if a is not type(None)]
+        arms = [type_check(a, classes) for a in args if a is not type(None)]
         none_ok = type(None) in args
         text = " or ".join(t for _, t in arms) + (" or null" if none_ok else "")
         return (lambda v: (none_ok and v is None) or any(ok(v) for ok, _ in arms)), text
@@ -283,7 +249,11 @@ def _type_check(tp: Any) -> tuple[Callable[[Any], bool], str]:
              int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
              float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
              str: (lambda v: isinstance(v, str), "a string")}
-    return plain.get(tp, (lambda v: True, "anything"))
+    if tp in plain:
+        return plain[tp]
+    if classes and isinstance(tp, type):
+        return (lambda v: isinstance(v, tp)), tp.__name__
+    return (lambda v: True), "anything"
 
 
 def check_dataclass_values(cls: type, values: dict, where: str) -> None:
@@ -297,7 +267,7 @@ def check_dataclass_values(cls: type, values: dict, where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
-        ok, expected = _type_check(hints[name])
+        ok, expected = type_check(hints[name])
         if not ok(value):
             raise ConfigError(f"{where}.{name}: expected {expected}, got {describe_value(value)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -1,4 +1,7 @@
-"""Errors raised for bad input data. Every message says where (sample key or file:line) and why."""
+"""Errors raised for bad input data and configurations, the reason codes that skip counters use,
+and how errors name a sample (:func:`sample_where`) and classify an exception (:func:`error_code`).
+Every message says where (sample key or file:line) and why. What happens to a failing sample
+(``loader.on_error``) is the error policy's (``guards.policy``)."""
 
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ class DatasetError(ConfigError):
 
 class SkipLimitError(ConfigError):
     """``on_error: skip`` gave up: too many samples were skipped (``loader.max_consecutive_skips``
-    or ``loader.max_skip_fraction``; see ``energon_nemotron.skip_limits``). The message names the
+    or ``loader.max_skip_fraction``; see ``energon_nemotron.guards.skip_limits``). The message names the
     limit, the window and the skip counts by reason. A ``ConfigError``, so never skipped itself:
     the data (or the limit) has to change."""
 
@@ -82,14 +85,6 @@ CODES = ("invalid_sample", "invalid_json", "invalid_utf8", "json_too_deep", "lon
          "tokenization",
          "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large",
          "unsupported_media", "other")
-
-
-def SkipCounter(num_workers: int = 0):
-    """A shared counter of skipped samples by reason code (``CODES``) across worker processes,
-    with the skip limits (``skip_limits.SkipTally``; defaults until ``skip_limits.apply_limits``)."""
-    from energon_nemotron.skip_limits import SkipTally
-
-    return SkipTally(CODES, num_workers)
 
 
 def error_code(exc: BaseException) -> str:
@@ -125,57 +120,3 @@ def sample_where(sample: object, sources: object = None) -> str:
     if shard is None and sources:
         shard = getattr(list(sources)[0], "shard_name", None)
     return f"{key} (in {shard})" if shard else str(key)
-
-
-class ErrorPolicy:
-    """Energon's ``global_error_handler`` for ``loader.on_error``.
-
-    ``raise``: every error becomes a ``DataError`` naming the sample and propagates (the default:
-    fail closed). ``skip``: the sample is dropped and counted by ``error_code`` in ``counts`` (a
-    :class:`SkipCounter`), so nothing disappears uncounted; the counter's skip limits may stop
-    the run (``SkipLimitError``). Energon's own per-error prints are silenced while a policy exists
-    (``skip_limits.quiet_energon_error_prints``); the policy is copied into every worker.
-    """
-
-    def __init__(self, mode: str, counts) -> None:
-        from energon_nemotron.skip_limits import quiet_energon_error_prints
-
-        if mode not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {mode!r}")
-        self.mode = mode
-        self.counts = counts
-        quiet_energon_error_prints()
-
-    def __setstate__(self, state: dict) -> None:          # unpickled in a spawned worker
-        from energon_nemotron.skip_limits import quiet_energon_error_prints
-
-        self.__dict__.update(state)
-        quiet_energon_error_prints()
-
-    def __call__(self, exc: Exception, sample: object = None, sources: object = None) -> None:
-        if isinstance(exc, ConfigError):
-            raise exc                   # the configuration's fault, not the sample's: never skipped
-        if self.mode == "skip":
-            from energon_nemotron.skip_limits import record_skip
-
-            record_skip(self.counts, error_code(exc), _example(exc, sample, sources), _after_read(sample))
-            return
-        if isinstance(exc, DataError):
-            raise exc.located(sample_where(sample, sources))
-        raise DataError(sample_where(sample, sources), f"{type(exc).__name__}: {exc}", error_code(exc)) from exc
-
-
-def _example(exc: BaseException, sample: object, sources: object) -> str:
-    """``where: why`` of a skipped sample, for the skip limits' messages (at most 300 characters)."""
-    where = sample_where(sample, sources)
-    text = str(exc.located(where)) if isinstance(exc, DataError) else f"{where}: {type(exc).__name__}: {exc}"
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _after_read(sample: object) -> bool:
-    """Whether a failing ``sample`` had already been read (encoded by phase 1): a sample failing at
-    decode time, or a pack or batch of such samples."""
-    from energon_nemotron.packing.assemble import PackedRow
-    from energon_nemotron.types import EncodedSample
-
-    return isinstance(sample, (EncodedSample, PackedRow, list, tuple))

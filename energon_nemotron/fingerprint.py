@@ -16,7 +16,7 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
     are read), cookers, task encoder and options, packing, tokenizer files, loader settings, rank
     layout, seed, library version."""
     from energon_nemotron import __version__
-    from energon_nemotron.dataset_check import stream_digests
+    from energon_nemotron.guards.source_tree import stream_digests
     from energon_nemotron.registry import COOKERS
     from energon_nemotron.state import file_digest
 

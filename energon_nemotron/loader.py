@@ -22,18 +22,13 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
-from energon_nemotron.config import (
-    EnergonSource,
-    LoaderConfig,
-    MegatronSource,
-    check_media_roots,
-    check_source_path,
-    load_config,
-)
+from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, load_config
+from energon_nemotron.loading.preflight import check_media_roots, check_source, check_source_path
 from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS
-from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.guards.policy import ErrorPolicy, skip_counter as skip_counter
 from energon_nemotron.media.handlers import MEDIA_COUNTERS
-from energon_nemotron.skip_limits import apply_limits
+from energon_nemotron.guards.skip_limits import apply_limits
 from energon_nemotron.fingerprint import fingerprint
 from energon_nemotron.telemetry import LoaderStats, SharedCounter
 from energon_nemotron.registry import TASK_ENCODERS
@@ -103,8 +98,7 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                     skips: SharedCounter, decodes: SharedCounter, lookups: SharedCounter) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
-    from energon_nemotron.dataset_check import check_source
-    from energon_nemotron.shard_check import guard_reads
+    from energon_nemotron.guards.shards import guard_reads
 
     check_source(src.path, src.split, cfg.data.default_cooker)   # tree, subflavors, shards against indexes
     encoder = build_task_encoder(cfg)
@@ -162,7 +156,7 @@ def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
         raise ConfigError("data.validation is not set")
     check_source_path(src, "data.validation" if validation else "data.train")
     fp = fingerprint(cfg, "validation" if validation else "train", repeat)
-    skips = SkipCounter(cfg.loader.num_workers)
+    skips = skip_counter(cfg.loader.num_workers)
     if isinstance(src, MegatronSource):
         inner = _megatron_loader(cfg, src, validation, skips)
         stats = LoaderStats(skips, None, pad_id=inner.dataset.encoder.pad_id, log_every=cfg.loader.log_every)

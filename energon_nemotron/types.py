@@ -148,6 +148,24 @@ class Pending:
     origin: Any
 
 
+@edataclass
+class PackedRow(Sample):
+    """One row: ``tokens``, ``labels``, ``position_ids`` int64 [S], ``loss_mask`` float32 [S],
+    ``cu_seqlens``, ``cu_seqlens_padded`` int32 [k+1], ``max_seqlen``, ``keys`` (one per source)."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    max_seqlen: int
+    keys: list
+    visual: list = field(default_factory=list)       # per image/video: {"pixels", "sizes", "keys"}
+    audio: list = field(default_factory=list)        # per audio: {"features", "lengths", "keys"}
+    media_spans: list = field(default_factory=list)  # per item, placeholder order (see PackedBatch)
+
+
 #: the ``PackedBatch`` fields pickled in one flat buffer
 _FLAT_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded")
 

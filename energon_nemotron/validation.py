@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from energon_nemotron.config import LoaderConfig
-from energon_nemotron.errors import SkipCounter
+from energon_nemotron.guards.policy import skip_counter as skip_counter
 from energon_nemotron.telemetry import LoaderStats
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class EvenedValidation:
     def telemetry(self) -> dict:
         """The telemetry of this rank's real batches (padding batches excluded)."""
         if self._loader is None:
-            return LoaderStats(SkipCounter(), None).as_dict()
+            return LoaderStats(skip_counter(), None).as_dict()
         return self._loader.telemetry()
 
     def __iter__(self):

@@ -15,7 +15,8 @@ import yaml
 from bad_inputs import (ALL_CODES, OPENAI_BAD, PREFORMATTED_BAD, TWICE_BAD, WDS_BAD, build_corpus, conv,
                         decode_time_bad_jpeg)
 from conftest import DEMO_TOKENIZER
-from energon_nemotron.errors import DataError, ErrorPolicy, SkipCounter
+from energon_nemotron.errors import DataError
+from energon_nemotron.guards.policy import ErrorPolicy, skip_counter as skip_counter
 from energon_nemotron.loader import build_task_encoder
 from energon_nemotron.preview import run_preview
 from energon_nemotron.registry import COOKERS
@@ -92,14 +93,14 @@ def test_each_class_raises_naming_key_and_reason(corpus, key, members, code, sub
 
 
 def test_jsonl_line_errors_name_the_line_key():
-    policy = ErrorPolicy("raise", SkipCounter())
+    policy = ErrorPolicy("raise", skip_counter())
     with pytest.raises(DataError, match=r"^2: JSONDecodeError: Expecting value") as err:
         try:
             json.loads('{"conversations": }')
         except Exception as e:
             policy(e, {"__key__": "2"}, ())
     assert err.value.code == "invalid_json"
-    counts = SkipCounter()
+    counts = skip_counter()
     ErrorPolicy("skip", counts)(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), {"__key__": "3"})
     ErrorPolicy("skip", counts)(RuntimeError("boom"), {"__key__": "4"})
     assert counts.totals() == {"invalid_utf8": 1, "other": 1}

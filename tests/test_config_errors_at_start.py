@@ -20,7 +20,8 @@ from energon_nemotron.cli import main
 from energon_nemotron.config import load_config
 from energon_nemotron.demo.datasets import multimodal_dataset, prepare, write_shards
 from energon_nemotron.demo.media import make_image
-from energon_nemotron.errors import ConfigError, ErrorPolicy, SkipCounter
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.guards.policy import ErrorPolicy, skip_counter as skip_counter
 from energon_nemotron.loader import build_task_encoder, build_train_loader, build_val_loader
 from energon_nemotron.state import load_state_file, save_state_file
 
@@ -264,7 +265,7 @@ def test_d_image_data_needs_only_the_image_tokens(tmp_path, images_only):
 
 
 def test_d_config_errors_are_never_skips():
-    counts = SkipCounter()
+    counts = skip_counter()
     with pytest.raises(ConfigError, match="^bad option$"):
         ErrorPolicy("skip", counts)(ConfigError("bad option"), {"__key__": "k"})
     with pytest.raises(ConfigError, match="^bad option$"):

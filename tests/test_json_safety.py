@@ -16,7 +16,7 @@ from bad_inputs import DEEP_JSON, RAW_NUL_LINE
 from conftest import DEMO_TOKENIZER
 from energon_data import energon
 from energon_nemotron.errors import CODES, DataError, error_code
-from energon_nemotron.json_safety import MAX_JSON_DEPTH, check_strings, json_depth, parse_json
+from energon_nemotron.guards.json_safety import MAX_JSON_DEPTH, check_strings, json_depth, parse_json
 
 
 def nested(depth: int) -> str:

@@ -2,10 +2,10 @@
 
 A dataset selects its cooker with ``subflavors: {cooker: NAME}`` (in ``.nv-meta/dataset.yaml`` or a
 metadataset); ``build_cookers`` turns the registry into Energon ``Cooker``s. Importing this package
-installs the nesting limit on Energon's JSONL line parsing (``cookers.jsonl_guard``).
+installs the nesting limit on Energon's JSONL line parsing (``guards.jsonl_guard``).
 """
 
-from energon_nemotron.cookers import jsonl_guard
+from energon_nemotron.guards import jsonl_guard
 from energon_nemotron.cookers.base import build_cookers, sample_where
 
 jsonl_guard.install()

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 from megatron.energon import Cooker
 
 from energon_nemotron.errors import ConfigError, DataError, sample_where  # noqa: F401  (re-exported)
-from energon_nemotron.json_safety import check_strings, parse_json
+from energon_nemotron.guards.json_safety import check_strings, parse_json
 from energon_nemotron.registry import COOKERS
 from energon_nemotron.types import MODALITIES, Message
 

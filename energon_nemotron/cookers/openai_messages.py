@@ -41,7 +41,7 @@ from energon_nemotron.cookers.conversations import (
 )
 from energon_nemotron.cookers.media import check_path_length, media_ref
 from energon_nemotron.errors import DataError
-from energon_nemotron.json_safety import parse_json
+from energon_nemotron.guards.json_safety import parse_json
 from energon_nemotron.types import MODALITIES, Conversation, MediaPart, MediaRef, Message, ToolCall
 
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}

@@ -27,12 +27,13 @@ from energon_nemotron.cookers import build_cookers
 from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS, bound_source, media_scope
 from energon_nemotron.encoders.modalities import check_datasets, check_modalities, check_sample
 from energon_nemotron.encoders.options import NemotronMultimodalOptions, media_options  # noqa: F401 (re-exported)
-from energon_nemotron.errors import ConfigError, DataError, MediaError, SkipCounter
+from energon_nemotron.errors import ConfigError, DataError, MediaError
+from energon_nemotron.guards.policy import skip_counter as skip_counter
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import PackedRow, assemble_row, batch_rows, round_up, row_media
 from energon_nemotron.packing.distinct import separate_repeats, source_id
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
-from energon_nemotron.skip_limits import record_pass
+from energon_nemotron.guards.skip_limits import record_pass
 from energon_nemotron.telemetry import SharedCounter
 from energon_nemotron.tokenization.conversation import ConversationTokenizer, NoTrainableTokensError
 from energon_nemotron.tokenization.loading import TextEncoder
@@ -88,7 +89,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
         check_modalities(self.media, o.modalities)
         #: skips by reason (over-length skips here, ``on_error: skip`` in the loader's handler);
         #: the loader replaces it with one sized for its workers before they start
-        self.skipped_counts = SkipCounter()
+        self.skipped_counts = skip_counter()
         if o.on_error == "skip":
             self.__default_failure_tolerance__ = 0      # skipping never turns into a fatal error
         self._pending_skips: dict[str, int] = {}        # this process's skips not yet in a dict batch
@@ -105,7 +106,7 @@ class NemotronMultimodalTaskEncoder(DefaultTaskEncoder):
     def _install_error_policy(self, worker_config) -> None:
         """Put this encoder's bad-sample policy into a WorkerConfig that has none of ours (Energon's
         default logs and drops samples uncounted): ``options.on_error``, else ``raise``."""
-        from energon_nemotron.errors import ErrorPolicy
+        from energon_nemotron.guards.policy import ErrorPolicy
 
         if not isinstance(worker_config.global_error_handler, ErrorPolicy):
             worker_config.global_error_handler = ErrorPolicy(self.options.on_error or "raise", _Counted(self))

@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.json_safety import parse_json
+from energon_nemotron.guards.json_safety import parse_json
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.inputs import Block
 

@@ -23,12 +23,13 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from energon_nemotron.errors import ConfigError, DataError, SkipCounter
-from energon_nemotron.json_safety import parse_json
+from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.guards.policy import skip_counter as skip_counter
+from energon_nemotron.guards.json_safety import parse_json
 from energon_nemotron.megatron_packed import manifest as mf
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.row_order import RowIndex, epoch_order
-from energon_nemotron.skip_limits import record_pass, record_skip
+from energon_nemotron.guards.skip_limits import record_pass, record_skip
 
 
 class TruncationWarning(UserWarning):
@@ -103,8 +104,8 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         dp_rank, dp_size: this rank and the data-parallel world size.
         validation: pad ranks to equal length (see the module docstring).
         on_error: ``raise`` (a ``DataError`` naming file and line) or ``skip`` (the row is dropped and
-            counted by reason in ``skips``, a ``SkipCounter`` shared with the workers; its skip
-            limits stop a run that only skips, see ``energon_nemotron.skip_limits``).
+            counted by reason in ``skips``, a ``skip_counter`` shared with the workers; its skip
+            limits stop a run that only skips, see ``energon_nemotron.guards.skip_limits``).
         shuffle_seed: None (file order) or the seed of a full per-epoch permutation of the rows
             (training only; validation always reads in file order). ``epoch`` (attribute, default
             0) selects the permutation; one iteration reads one epoch.
@@ -132,7 +133,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.on_error = on_error
-        self.skips = skips or SkipCounter()
+        self.skips = skips or skip_counter()
         if validation and shuffle_seed is not None:
             raise ConfigError("validation rows are read in file order; shuffle_seed applies to training only")
         self.shuffle_seed = shuffle_seed

@@ -21,7 +21,7 @@ from typing import BinaryIO, Optional
 import numpy as np
 
 from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.json_safety import parse_json
+from energon_nemotron.guards.json_safety import parse_json
 from energon_nemotron.megatron_packed.conversation import row_messages, split_conversations
 from energon_nemotron.megatron_packed.counting import with_system
 from energon_nemotron.registry import PACKERS

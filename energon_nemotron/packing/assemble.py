@@ -13,15 +13,13 @@ Row semantics (S = seq_length, m = pad_multiple):
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Sequence
 
 import numpy as np
 import torch
 import torch.utils.data
-from megatron.energon import Sample, edataclass
 
-from energon_nemotron.types import IGNORE_INDEX, EncodedSource, PackedBatch
+from energon_nemotron.types import IGNORE_INDEX, EncodedSource, PackedBatch, PackedRow
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -34,24 +32,6 @@ def source_labels(tokens: np.ndarray, trained: np.ndarray) -> np.ndarray:
     if tokens.shape[0] > 1:
         labels[:-1] = np.where(trained[1:], tokens[1:], IGNORE_INDEX)
     return labels
-
-
-@edataclass
-class PackedRow(Sample):
-    """One row: ``tokens``, ``labels``, ``position_ids`` int64 [S], ``loss_mask`` float32 [S],
-    ``cu_seqlens``, ``cu_seqlens_padded`` int32 [k+1], ``max_seqlen``, ``keys`` (one per source)."""
-
-    tokens: torch.Tensor
-    labels: torch.Tensor
-    loss_mask: torch.Tensor
-    position_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
-    cu_seqlens_padded: torch.Tensor
-    max_seqlen: int
-    keys: list
-    visual: list = field(default_factory=list)       # per image/video: {"pixels", "sizes", "keys"}
-    audio: list = field(default_factory=list)        # per audio: {"features", "lengths", "keys"}
-    media_spans: list = field(default_factory=list)  # per item, placeholder order (see PackedBatch)
 
 
 def assemble_row(sources: Sequence[EncodedSource], seq_length: int, pad_multiple: int, pad_id: int) -> dict:

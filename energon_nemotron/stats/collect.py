@@ -13,7 +13,8 @@ import contextlib
 import sys
 from typing import Optional
 
-from energon_nemotron.config import LoaderConfig, MegatronSource, Source, check_source_path
+from energon_nemotron.config import LoaderConfig, MegatronSource, Source
+from energon_nemotron.loading.preflight import check_source_path
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.stats.records import DatasetPart
 

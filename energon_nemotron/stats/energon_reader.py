@@ -27,11 +27,11 @@ from typing import Any, Optional
 from megatron.energon import Sample, SkipSample, edataclass, stateless
 
 from energon_nemotron.config import EnergonSource, LoaderConfig
-from energon_nemotron.errors import ConfigError, DataError, ErrorPolicy, error_code, sample_where
+from energon_nemotron.errors import ConfigError, error_code, sample_where
+from energon_nemotron.guards.policy import ErrorPolicy, failure_text
 from energon_nemotron.packing.assemble import round_up
 from energon_nemotron.stats.records import DatasetPart, SampleRecord, limited
 
-MESSAGE_CHARS = 300
 
 
 class _NoCount:
@@ -72,12 +72,10 @@ def sample_key(sample: Any) -> str:
 
 
 def failure_message(exc: BaseException, sample: Any, sources: Any = None) -> str:
-    """``where: why`` of a skipped sample, at most ``MESSAGE_CHARS`` characters."""
+    """``where: why`` of a skipped sample (``guards.policy.failure_text``), named by its key when
+    Energon's error context does not name it."""
     where = sample_where(sample, sources)
-    if where == "?":
-        where = sample_key(sample)
-    text = str(exc.located(where)) if isinstance(exc, DataError) else f"{where}: {type(exc).__name__}: {exc}"
-    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS - 3] + "..."
+    return failure_text(exc, sample_key(sample) if where == "?" else where)
 
 
 def payload_bytes(ref: Any) -> int:
@@ -200,8 +198,8 @@ def read_energon(cfg: LoaderConfig, src: EnergonSource, rank: int = 0, world: in
     from megatron.energon.savable_loader import BasicDataLoader
     from tqdm import tqdm
 
-    from energon_nemotron.dataset_check import check_source
-    from energon_nemotron.shard_check import guard_reads
+    from energon_nemotron.loading.preflight import check_source
+    from energon_nemotron.guards.shards import guard_reads
 
     check_source(Path(src.path), src.split, cfg.data.default_cooker)
     encoder = stats_encoder(cfg)

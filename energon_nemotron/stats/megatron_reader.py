@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from energon_nemotron.config import LoaderConfig, MegatronSource
 from energon_nemotron.errors import CODES, DataError
-from energon_nemotron.skip_limits import SkipTally
+from energon_nemotron.guards.skip_limits import SkipTally
 from energon_nemotron.stats.records import DatasetPart, RowRecord, limited
 
 

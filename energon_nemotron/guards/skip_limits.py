@@ -1,6 +1,6 @@
 """When ``on_error: skip`` gives up, and how skips are reported while it does not.
 
-Every skip counter (``errors.SkipCounter``) is a :class:`SkipTally`: the shared table of skips by
+Every skip counter (``guards.policy.skip_counter``) is a :class:`SkipTally`: the shared table of skips by
 reason (``telemetry.SharedCounter``) plus, in each process (every ``DataLoader`` worker has its
 own copy), the outcome of the last :data:`SKIP_WINDOW` samples it read. A sample is *read* when it
 was encoded (``passed``: the task encoder's phase 1, or a Megatron-LM row) and *skipped* when it

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from energon_nemotron.errors import DatasetError
+from energon_nemotron.guards.energon_files import META, info_counts, load_yaml_file, split_file
 
 BLOCK = 512
 
@@ -117,29 +118,18 @@ def jsonl_problem(path: Path) -> Optional[str]:
     return None
 
 
-def _info_counts(meta: Path) -> tuple[str, dict]:
-    """(name of the .info file, its shard_counts)."""
-    from energon_nemotron.dataset_check import load_yaml_file
-
-    if (meta / ".info.json").is_file():
-        return ".info.json", json.loads((meta / ".info.json").read_text())["shard_counts"]
-    return ".info.yaml", load_yaml_file(meta / ".info.yaml")["shard_counts"]
-
-
 def split_shards(leaf: Any) -> tuple[str, list[tuple[str, int]]]:
     """(info file name, [(shard name, count)]) of a prepared folder's split, as Energon selects them:
     the split file's names brace-expanded, minus ``exclude``. Raises ``DatasetError``."""
     import braceexpand
 
-    from energon_nemotron.dataset_check import load_yaml_file
-
-    meta = Path(leaf.path) / ".nv-meta"
+    meta = Path(leaf.path) / META
     try:
-        info, counts = _info_counts(meta)
+        info, counts = info_counts(meta)
     except Exception as e:
         raise DatasetError(f"{meta}: the .info file cannot be read ({type(e).__name__}: {e})") from None
     name = leaf.split_config
-    file = meta / name if (meta / name).is_file() or name != "split.yaml" else meta / "split.json"
+    file = split_file(meta, name)
     try:
         splits = json.loads(file.read_text()) if file.suffix == ".json" else load_yaml_file(file)
         parts, exclude = splits["split_parts"], splits.get("exclude") or []
@@ -175,8 +165,8 @@ def _sample_key(dataset: Path, shard_name: str, position: int) -> Optional[str]:
     import sqlite3
 
     try:
-        _, counts = _info_counts(dataset / ".nv-meta")
-        uri = (dataset / ".nv-meta" / "index.sqlite").resolve().as_uri() + "?mode=ro"
+        _, counts = info_counts(dataset / META)
+        uri = (dataset / META / "index.sqlite").resolve().as_uri() + "?mode=ro"
         with sqlite3.connect(uri, uri=True) as db:
             row = db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
                              (list(counts).index(shard_name), position)).fetchone()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from energon_nemotron.errors import sample_where
-from energon_nemotron.json_safety import check_json_text
+from energon_nemotron.guards.json_safety import check_json_text
 
 _MARK = "_energon_nemotron_depth_guard"
 
