@@ -45,7 +45,7 @@ def child(dataset: str, buffer: int, packs: int) -> None:
     C.limit_threads()
     import yaml  # noqa: F401  (imported before the baseline is taken)
 
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
 
     cfg = {"tokenizer": str(Path(__file__).resolve().parents[1] / "energon_nemotron" / "demo" / "tokenizer"),
            "task_encoder": {"name": "nemotron_multimodal",

@@ -96,7 +96,7 @@ def child(dataset: str, workers: int, batches: int) -> None:
     import multiprocessing
 
     C.limit_threads()
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
 
     loader = build_train_loader(loader_config(dataset, workers), repeat=True)
     it = iter(loader)

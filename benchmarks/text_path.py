@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                                         "cProfile one path pass (top 15 by tottime)")
 
     C.limit_threads()
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
     from energon_nemotron.tokenization.conversation import ConversationTokenizer
     from energon_nemotron.tokenization.loading import load_tokenizer
     from energon_nemotron.types import Message

@@ -291,7 +291,7 @@ def main(argv=None) -> int:
     C.limit_threads()
     from transformers import AutoTokenizer
 
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
 
     t = time.perf_counter()
     dataset = text_path.build_dataset(C.CACHE_DIR / "text_path" / f"n{n}", n)

@@ -21,19 +21,16 @@ def _encoder_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--pad-token", default=None, help="override the format's pad token")
     g.add_argument("--chat-key", default="messages")
-    g.add_argument("--identity-unmasked", action="store_true",
+    g.add_argument("--identity-unmasked", dest="identity_masks_prompt", action="store_false",
                    help="identity format of Megatron-LM v0.18-v0.19: every token trained")
     g.add_argument("--allow-eos-pad", action="store_true",
                    help="accept a pad id equal to EOS (every EOS label is then masked)")
 
 
 def _encoder(a: argparse.Namespace):
-    from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
+    from energon_nemotron.megatron_packed import encoder_from
 
-    return MegatronSFTPackedEncoder(
-        a.tokenizer, a.seq_length, prompt_format=a.prompt_format,
-        context_parallel_size=a.context_parallel_size, pad_token=a.pad_token, chat_key=a.chat_key,
-        identity_masks_prompt=not a.identity_unmasked, allow_eos_pad=a.allow_eos_pad)
+    return encoder_from(a.tokenizer, a)
 
 
 def cmd_pack_megatron(a: argparse.Namespace) -> int:

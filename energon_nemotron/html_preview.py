@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from energon_nemotron.types import IGNORE_INDEX, PackedBatch
+from energon_nemotron.batch import IGNORE_INDEX, PackedBatch
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:16px;background:#fafafa;color:#222}

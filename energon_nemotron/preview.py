@@ -18,9 +18,9 @@ from typing import Optional
 
 from energon_nemotron.config import MegatronSource, load_config
 from energon_nemotron.inspect_rows import row_text
-from energon_nemotron.loader import build_train_loader, build_val_loader
+from energon_nemotron.loading import build_train_loader, build_val_loader
 from energon_nemotron.tokenization.loading import load_tokenizer
-from energon_nemotron.types import PackedBatch
+from energon_nemotron.batch import PackedBatch
 
 
 def batch_json(index: int, batch: PackedBatch) -> dict:
@@ -61,7 +61,7 @@ HTML_BATCHES = 8
 def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state,
              html=None) -> int:
     from energon_nemotron.errors import ConfigError
-    from energon_nemotron.state import load_state_file, save_state_file
+    from energon_nemotron.resume import load_state_file, save_state_file
 
     cfg = load_config(config_path)
     if split == "validation":

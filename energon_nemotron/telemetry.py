@@ -1,23 +1,17 @@
-"""Loader telemetry: counters shared across DataLoader workers, and running statistics.
+"""Counters shared across DataLoader workers.
 
 ``SharedCounter`` is a small int64 table in shared memory (one row per worker, one column per
 name), created before the workers fork: each worker adds to its own row and the main process reads
-the sums at any time, so counts from workers that yield nothing afterwards are never lost.
-``LoaderStats`` accumulates, in the main process, what the batches show (samples, packs, fill,
-tokens/s) and adds the shared counters (media decoded, media found by basename in an aux source,
-samples skipped by reason).
+the sums at any time, so counts from workers that yield nothing afterwards are never lost. The
+loader's running statistics over them are ``loading.stats.LoaderStats``.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.utils.data
-
-log = logging.getLogger("energon_nemotron")
 
 
 class SharedCounter:
@@ -37,47 +31,3 @@ class SharedCounter:
     def totals(self) -> dict[str, int]:
         """Non-zero sums over all workers."""
         return {name: int(n) for name, n in zip(self.names, self.table.sum(0).tolist()) if n}
-
-
-class LoaderStats:
-    """Running totals of a loader's batches; ``line()`` is the one-line summary that is logged
-    every ``log_every`` batches (logger ``energon_nemotron``, level INFO)."""
-
-    def __init__(self, skips: SharedCounter, decodes: Optional[SharedCounter], pad_id: Optional[int] = None,
-                 log_every: int = 0, lookups: Optional[SharedCounter] = None) -> None:
-        self.skips, self.decodes, self.pad_id, self.log_every = skips, decodes, pad_id, log_every
-        self.lookups = lookups      # media found by basename in an aux source (cookers.media_sources)
-        self.batches = self.rows = self.samples = self.tokens = self.positions = 0
-        self.start = time.perf_counter()
-
-    def update(self, batch) -> None:
-        self.batches += 1
-        self.rows += batch.batch_size
-        self.positions += batch.batch_size * batch.seq_length
-        self.samples += sum(len(k) for k, pad in zip(batch.sample_keys, batch.is_padding) if not pad)
-        if self.pad_id is not None:       # Megatron-LM rows: pads sit inside the segments
-            self.tokens += int((batch.tokens != self.pad_id).sum())
-        else:
-            self.tokens += sum(int(c[-1]) for c in batch.cu_seqlens)
-        if self.log_every and self.batches % self.log_every == 0:
-            log.info(self.line())
-
-    def as_dict(self) -> dict:
-        seconds = time.perf_counter() - self.start
-        media = self.decodes.totals() if self.decodes is not None else {}
-        truncated = media.pop("audio_truncated", 0)
-        fallback = self.lookups.totals().get("basename_fallback", 0) if self.lookups is not None else 0
-        return {"batches": self.batches, "packs": self.rows, "samples": self.samples, "tokens": self.tokens,
-                "fill_ratio": self.tokens / self.positions if self.positions else 0.0,
-                "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "seconds": seconds,
-                "media_decoded": media, "audio_truncated": truncated, "basename_fallback": fallback,
-                "skipped": self.skips.totals()}
-
-    def line(self) -> str:
-        d = self.as_dict()
-        media = " ".join(f"{k} {v}" for k, v in d["media_decoded"].items()) or "none"
-        skipped = " ".join(f"{k} {v}" for k, v in d["skipped"].items()) or "none"
-        truncated = f" ({d['audio_truncated']} audio truncated)" if d["audio_truncated"] else ""
-        fallback = f" | media found by basename: {d['basename_fallback']}" if d["basename_fallback"] else ""
-        return (f"batches {d['batches']} | packs {d['packs']} | samples {d['samples']} | fill {d['fill_ratio']:.2%} | "
-                f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media}{truncated}{fallback} | skipped: {skipped}")

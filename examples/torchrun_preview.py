@@ -46,7 +46,7 @@ def main() -> int:
         if rank in ranks:
             tp_group = group
 
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
     from energon_nemotron.parallel import partition_indices, slice_for_cp_rank
     from energon_nemotron.parallel.broadcast import broadcast_packed_batch
 

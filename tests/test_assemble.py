@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from energon_nemotron.packing.assemble import assemble_row, source_labels
-from energon_nemotron.types import IGNORE_INDEX, EncodedSource
+from energon_nemotron.types import EncodedSource
+from energon_nemotron.batch import IGNORE_INDEX
 
 
 def src(key, tokens, trained):

@@ -17,7 +17,7 @@ from bad_inputs import (ALL_CODES, OPENAI_BAD, PREFORMATTED_BAD, TWICE_BAD, WDS_
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.errors import DataError
 from energon_nemotron.guards.policy import ErrorPolicy, skip_counter as skip_counter
-from energon_nemotron.loader import build_task_encoder
+from energon_nemotron.loading import build_task_encoder
 from energon_nemotron.preview import run_preview
 from energon_nemotron.registry import COOKERS
 
@@ -112,7 +112,7 @@ def test_packs_that_lose_every_sample_at_decode_count_only_those_samples(tmp_pat
     samples dropped, with no extra count for the pack they leave empty."""
     from energon_nemotron.demo.datasets import prepare, write_shards
     from energon_nemotron.demo.media import make_image
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
 
     samples = [(f"s-{i:05d}", {"json": conv("<image> what?", f"Answer {i}."),
                                "jpg": make_image(200, 150, seed=i) if i < 3 else decode_time_bad_jpeg(i)})

@@ -15,7 +15,7 @@ from energon_nemotron.encoders.nemotron_multimodal import NemotronMultimodalOpti
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.integrations.megatron_bridge import (BridgeBatchError, to_gpt_step_batch,
                                                            to_nemotron_omni_step_batch)
-from energon_nemotron.loader import build_task_encoder, build_train_loader
+from energon_nemotron.loading import build_task_encoder, build_train_loader
 from energon_nemotron.media.image import plan_image
 from energon_nemotron.registry import COOKERS, MODEL_PRESETS
 

@@ -19,7 +19,7 @@ from energon_nemotron import tensors
 from energon_nemotron.tensors import PackedTensor
 from energon_nemotron.parallel.broadcast import (
     WIRE_VERSION, _decode_header, batches_equal, broadcast_packed_batch, packed_batch_from_wire, packed_batch_to_wire)
-from energon_nemotron.types import PackedBatch
+from energon_nemotron.batch import PackedBatch
 
 
 def text_batch() -> PackedBatch:

@@ -8,7 +8,7 @@ import yaml
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.config import EnergonSource, MegatronSource, load_config
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.loader import build_task_encoder
+from energon_nemotron.loading import build_task_encoder
 
 
 def base(**over):

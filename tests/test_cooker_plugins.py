@@ -134,7 +134,7 @@ def test_the_cli_text_listing(site):
 
 LOADER_SCRIPT = '''
 import json, os, sys
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 
 loader = build_train_loader(sys.argv[1], repeat=False)
 keys = sorted(k for batch in loader for row in batch.sample_keys for k in row)

@@ -22,7 +22,7 @@ from bad_inputs import SHARD_DAMAGE, change_count, damage_shard
 from conftest import DEMO_TOKENIZER
 from energon_data import jsonl_dataset, text_dataset
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 
 SHARD = "parts/data-1.tar"          # the middle one of three shards of 8 samples
 MIX = "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"

@@ -12,7 +12,7 @@ import yaml
 from conftest import DEMO_TOKENIZER, REPO
 from energon_data import text_dataset
 from energon_nemotron.config import load_config
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 
 CONFIGS = REPO / "dataset_configs"
 COOKER_YAMLS = sorted((CONFIGS / "datasets").glob("*.yaml"))

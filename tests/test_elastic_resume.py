@@ -14,10 +14,11 @@ import torch.utils.data._utils as torch_data_utils
 
 from energon_data import text_config
 from energon_nemotron.demo.datasets import text_dataset
-from energon_nemotron.elastic import decode_counts
+from energon_nemotron.resume.elastic import decode_counts
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.loader import build_train_loader
-from energon_nemotron.state import load_state_file, merge_rank_states, save_state_file
+from energon_nemotron.loading import build_train_loader
+from energon_nemotron.resume import load_state_file, save_state_file
+from energon_nemotron.resume import merge_rank_states
 
 N = 48
 SHUFFLE, PACK = 8, 6
@@ -196,7 +197,7 @@ def test_with_repeat_the_pass_in_progress_is_completed_then_the_new_shape_runs(d
 
 
 def loader_offsets(loader):
-    from energon_nemotron.elastic import dataset_leaves
+    from energon_nemotron.resume.elastic import dataset_leaves
 
     (_, leaf), = dataset_leaves(loader.inner.dataset)
     return [o for o in leaf.workers_slice_offsets if len(o) > 1]

@@ -11,7 +11,7 @@ import torch
 from conftest import DEMO_TOKENIZER
 from energon_data import loader_yaml
 from energon_nemotron.demo.datasets import multimodal_dataset
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 from energon_nemotron.preview import run_preview
 
 PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 4, "max_sequences_per_bin": None}
@@ -112,7 +112,7 @@ def test_two_phase_decodes_only_selected_samples(media_ds):
     from megatron.energon.errors import reraise_exception
 
     from energon_nemotron.config import load_config
-    from energon_nemotron.loader import build_task_encoder
+    from energon_nemotron.loading import build_task_encoder
 
     root, _ = media_ds
     cfg = load_config(config(root, packing={**PACKING, "buffer_size": 15}))
@@ -218,7 +218,7 @@ def test_media_patch_budget_balances_packs(media_ds):
 
 def test_patch_budget_needs_a_packer_with_a_second_budget(media_ds):
     from energon_nemotron.errors import ConfigError
-    from energon_nemotron.loader import build_task_encoder
+    from energon_nemotron.loading import build_task_encoder
 
     root, _ = media_ds
     c = config(root, "nobudget.yaml", packing={**PACKING, "max_media_patches_per_pack": 100})

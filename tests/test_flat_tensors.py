@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from energon_nemotron.tensors.flat import BY_VALUE_MAX, pack, unpack
-from energon_nemotron.types import PackedBatch
+from energon_nemotron.batch import PackedBatch
 
 
 def make_batch(rows: int, seq: int, seed: int = 0) -> PackedBatch:

@@ -102,7 +102,7 @@ def jsonl_loader(tmp_path, lines, on_error, workers=0):
            "data": {"train": {"path": str(tmp_path / "mix.yaml")}},
            "loader": {"batch_size": 1, "num_workers": workers, "shuffle_buffer_size": None, "on_error": on_error}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
 
     return build_train_loader(tmp_path / "cfg.yaml", repeat=False)
 

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from energon_data import energon, loader_yaml
 from test_broadcast import join_gloo
 from energon_nemotron.demo.media import make_audio, make_image, make_video
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 from energon_nemotron.media.handlers import payload_digest, provenance_key
 from energon_nemotron.media.image import plan_image
 from energon_nemotron.tensors import PackedTensor
@@ -153,7 +153,7 @@ def _plain(batch):
     """The batch with its media in the plain layout (every use stored and sent)."""
     media = {k: PackedTensor.from_list(list(v), feature_shape=v.feature_shape, dtype=v.dtype)
              if isinstance(v, PackedTensor) else v for k, v in batch.media.items()}
-    return batch._replace(media=media)
+    return batch.replace(media=media)
 
 
 def _broadcast_worker(rank: int, port: int, folder: str) -> None:

@@ -21,7 +21,8 @@ from energon_data import energon, prepare, write_shards
 from energon_nemotron.cookers.media_sources import AuxMedia, media_scope
 from energon_nemotron.demo.media import make_audio, make_image
 from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.loader import build_task_encoder, build_train_loader, fingerprint
+from energon_nemotron.loading import build_task_encoder, build_train_loader
+from energon_nemotron.resume import fingerprint
 from energon_nemotron.registry import COOKERS
 from energon_nemotron.telemetry import SharedCounter
 

@@ -24,7 +24,7 @@ from energon_nemotron.demo.datasets import multimodal_dataset, prepare, text_dat
 from energon_nemotron.demo.media import make_audio, make_image
 from energon_nemotron.integrations.megatron_bridge import (BridgeBatchError, to_gpt_step_batch,
                                                            to_nemotron_omni_step_batch)
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "references" / "bridge_steps.py"

@@ -160,7 +160,7 @@ def test_hostile_json_names_file_line_and_reason(tmp_path, enc, line, code, reas
 @pytest.mark.parametrize("workers", [0, 2])
 def test_hostile_json_is_skipped_and_counted(tmp_path, workers):
     from conftest import DEMO_TOKENIZER
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
 
     path = tmp_path / "h.jsonl.packed"
     lines = [json.dumps(GOOD)] * 6 + [DEEP_LINE, json.dumps(SURROGATE_ROW), json.dumps(NUL_ROW)] + [json.dumps(GOOD)] * 3

@@ -11,7 +11,7 @@ import torch
 
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.demo.conversations import make_conversations
-from energon_nemotron.loader import build_train_loader, build_val_loader
+from energon_nemotron.loading import build_train_loader, build_val_loader
 from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, collate_rows
 from test_megatron_dataset import enc, lines_of, packed_file  # noqa: F401  (fixtures)
 

@@ -12,7 +12,7 @@ import pytest
 from energon_data import text_config
 from energon_nemotron.demo.datasets import text_dataset
 from energon_nemotron.packing.distinct import BufferOverDataWarning
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.demo.conversations import make_conversations
 from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.counting import count_local
 from energon_nemotron.megatron_packed.inputs import expand_inputs, split_blocks

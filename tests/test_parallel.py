@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_nemotron.parallel import partition_indices, roll_targets, slice_for_cp_rank, to_packed_seq_params
-from energon_nemotron.types import PackedBatch
+from energon_nemotron.parallel import (packed_seq_params, partition_indices, roll_targets, slice_for_cp_rank,
+                                       to_packed_seq_params)
+from energon_nemotron.batch import PackedBatch
 
 
 @st.composite
@@ -92,7 +93,7 @@ def test_packed_seq_params_fields():
                         cu_seqlens_padded=[torch.tensor([0, 4, 12], dtype=torch.int32)],
                         max_seqlen=[8], sample_keys=[["a", "b"]])
     batch.validate()
-    q = batch.packed_seq_params(0)       # MTP/CP-safe: the padded boundaries everywhere
+    q = packed_seq_params(batch, 0)       # MTP/CP-safe: the padded boundaries everywhere
     assert q.cu_seqlens_q.tolist() == q.cu_seqlens_q_padded.tolist() == [0, 4, 12]
-    exact = batch.packed_seq_params(0, exact_lengths=True)
+    exact = packed_seq_params(batch, 0, exact_lengths=True)
     assert exact.cu_seqlens_q.tolist() == [0, 3, 10] and exact.cu_seqlens_q_padded.tolist() == [0, 4, 12]

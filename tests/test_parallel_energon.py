@@ -13,8 +13,8 @@ import torch
 
 from conftest import REPO
 from energon_data import loader_yaml, text_dataset
-from energon_nemotron.loader import build_train_loader, build_val_loader
-from energon_nemotron.parallel import partition_indices, roll_targets, slice_for_cp_rank
+from energon_nemotron.loading import build_train_loader, build_val_loader
+from energon_nemotron.parallel import mtp_targets, packed_seq_params, partition_indices, roll_targets, slice_for_cp_rank
 from energon_nemotron.preview import run_preview
 
 PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 1, "max_sequences_per_bin": None}
@@ -58,7 +58,7 @@ def test_sources_padded_for_context_parallelism(ds, cp, tp, sp, multiple):
 
 def test_cp_requires_aligned_seq_length(ds):
     from energon_nemotron.errors import ConfigError
-    from energon_nemotron.loader import build_task_encoder
+    from energon_nemotron.loading import build_task_encoder
 
     root, _ = ds
     bad = loader_yaml(root / "bad.yaml", {"path": "ds"}, packing=PACKING, seq_length=1020,
@@ -72,7 +72,7 @@ def test_mtp_targets_stay_inside_segments(ds):
     c = cfg(root, "mtp.yaml", mtp_num_layers=2, context_parallel_size=2)
     for b in build_train_loader(c, repeat=False):
         for depth in (1, 2):
-            labels, mask = b.mtp_targets(depth)
+            labels, mask = mtp_targets(b, depth)
             for i in range(b.batch_size):
                 padded = b.cu_seqlens_padded[i].tolist()
                 seg = torch.bucketize(torch.arange(b.seq_length), torch.tensor(padded[1:]), right=True)
@@ -82,7 +82,7 @@ def test_mtp_targets_stay_inside_segments(ds):
                 want_l, want_m = roll_targets(b.labels[i], b.loss_mask[i], padded, depth)
                 assert torch.equal(labels[i], want_l) and torch.equal(mask[i], want_m)
         with pytest.raises(ValueError, match="MTP depth must be in 1..2"):
-            b.mtp_targets(3)
+            mtp_targets(b, 3)
 
 
 def test_mtp_equals_megatron_core_roll_over_padded_boundaries(ds):
@@ -96,7 +96,7 @@ def test_mtp_equals_megatron_core_roll_over_padded_boundaries(ds):
     params = to_packed_seq_params(b.cu_seqlens_padded[0], b.max_seqlen[0])
     rolled, _ = roll_tensor(b.labels[:1], shifts=-1, dims=-1, packed_seq_params=params)
     rolled_mask, _ = roll_tensor(b.loss_mask[:1], shifts=-1, dims=-1, packed_seq_params=params)
-    labels, mask = b.mtp_targets(1)
+    labels, mask = mtp_targets(b, 1)
     assert torch.equal(labels[0], rolled[0]) and torch.equal(mask[0], rolled_mask[0])
 
 
@@ -132,8 +132,8 @@ def test_packed_seq_params_helper_is_safe_for_megatron_core_mtp(ds):
     for b in build_train_loader(cfg(root, "mtp3.yaml", mtp_num_layers=2, context_parallel_size=2), repeat=False):
         assert not torch.equal(b.cu_seqlens[0], b.cu_seqlens_padded[0])
         for depth in (1, 2):
-            assert _mtp_violations(b, b.packed_seq_params(0), depth) == 0
-            unsafe += _mtp_violations(b, b.packed_seq_params(0, exact_lengths=True), depth)
+            assert _mtp_violations(b, packed_seq_params(b, 0), depth) == 0
+            unsafe += _mtp_violations(b, packed_seq_params(b, 0, exact_lengths=True), depth)
     assert unsafe > 0
 
 

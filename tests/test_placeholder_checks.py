@@ -20,7 +20,7 @@ from energon_nemotron.demo.conversations import make_conversations
 from energon_nemotron.demo.datasets import asr_dataset, prepare, write_shards
 from energon_nemotron.demo.media import make_image, make_video
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.loader import build_task_encoder, build_train_loader, build_val_loader
+from energon_nemotron.loading import build_task_encoder, build_train_loader, build_val_loader
 
 IMAGE_TOKENS = ["<img>", "</img>", "<image>"]
 AUDIO_TOKENS = ["<so_start>", "<so_embedding>", "<so_end>"]

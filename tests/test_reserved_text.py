@@ -14,7 +14,7 @@ from conftest import DEMO_TOKENIZER, write_jsonl
 from energon_nemotron.demo.datasets import prepare, write_shards
 from energon_nemotron.demo.media import make_image
 from energon_nemotron.errors import DataError
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 from energon_nemotron.media.handlers import PLACEHOLDER_TOKENS
 from energon_nemotron.tokenization.conversation import ConversationTokenizer
 from energon_nemotron.types import Message

@@ -16,8 +16,9 @@ import yaml
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.demo.datasets import multimodal_dataset
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.loader import build_train_loader
-from energon_nemotron.state import decode_state, encode_state, load_state_file, save_state_file
+from energon_nemotron.loading import build_train_loader
+from energon_nemotron.resume.codec import decode_state, encode_state
+from energon_nemotron.resume import load_state_file, save_state_file
 
 K, M = 3, 3
 
@@ -92,13 +93,13 @@ def test_restore_under_a_different_configuration_fails_with_a_diff(media_root, c
     state = build_train_loader(cfg(media_root, 0)).state_dict()
     other = build_train_loader(cfg(media_root, 0, **change)) if key != "train" else None
     if other is None:
-        from energon_nemotron.loader import fingerprint
+        from energon_nemotron.resume import fingerprint
         from energon_nemotron.config import load_config
 
         c = cfg(media_root, 0)
         c["data"]["train"]["path"] = str(media_root / "other")
         fp = fingerprint(load_config(c), "train", True)
-        from energon_nemotron.state import check_fingerprint
+        from energon_nemotron.resume.fingerprint import check_fingerprint
 
         with pytest.raises(ConfigError, match=r"  train: saved .* != now"):
             check_fingerprint(state["fingerprint"], fp)

@@ -13,7 +13,7 @@ import pytest
 
 from energon_data import text_config
 from energon_nemotron.demo.datasets import text_dataset
-from energon_nemotron.loader import _build, _config, build_train_loader
+from energon_nemotron.loading import as_config, build_loader, build_train_loader
 
 N = 40
 
@@ -109,7 +109,7 @@ def test_validation_loader_resumes_exactly_up_to_its_end(data):
     """The validation split is one pass too (Energon's val datasets, concatenated for a blend)."""
     config = cfg(data, "mix.yaml", 0, True)
     config["data"]["validation"] = {"path": str(data / "mix.yaml"), "split": "val"}
-    build = lambda c: _build(_config(c), validation=True, repeat=False)        # noqa: E731
+    build = lambda c: build_loader(as_config(c), validation=True, repeat=False)        # noqa: E731
     batches, states = run_with_states(config, build)
     assert sum(len(row) for b in batches for row in b[0]) == N + N // 2
     for k in save_points(len(batches), 0):
@@ -121,8 +121,8 @@ def test_a_worker_that_has_delivered_nothing_resumes_from_its_start(data):
     starting when the first batch arrives) is answered by Energon with its placeholder checkpoint,
     "initial state, then skip one sample": restored as is, that worker's first batch is lost. The
     loader settles such a worker to where it started."""
-    from energon_nemotron.state import encode_state
-    from energon_nemotron.worker_checkpoints import settle
+    from energon_nemotron.resume.codec import encode_state
+    from energon_nemotron.resume.worker_checkpoints import settle
 
     config = cfg(data, "a", 2, True)
     build = lambda c: build_train_loader(c, repeat=False)                      # noqa: E731

@@ -18,7 +18,7 @@ import yaml
 from bad_inputs import decode_time_bad_dataset, skip_dataset, skip_rows
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.loader import build_train_loader
+from energon_nemotron.loading import build_train_loader
 
 N = 400
 

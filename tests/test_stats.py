@@ -131,7 +131,7 @@ def crude_samples(root: Path, name: str) -> list[dict]:
 
 def encoders(config: Path):
     from energon_nemotron.config import load_config
-    from energon_nemotron.loader import build_task_encoder
+    from energon_nemotron.loading import build_task_encoder
 
     cfg = load_config(config)
     wide = cfg.model_copy(deep=True)

@@ -85,7 +85,7 @@ def run_energon_demo(out: Path, progress: bool) -> bool:
     import yaml
 
     from energon_nemotron.demo.datasets import asr_dataset, multimodal_dataset, text_dataset
-    from energon_nemotron.loader import build_train_loader
+    from energon_nemotron.loading import build_train_loader
     from energon_nemotron.preview import run_preview
 
     for name in ("text_dataset", "multimodal_dataset", "asr_dataset"):

@@ -37,7 +37,8 @@ from energon_nemotron.guards.skip_limits import record_pass
 from energon_nemotron.telemetry import SharedCounter
 from energon_nemotron.tokenization.conversation import ConversationTokenizer, NoTrainableTokensError
 from energon_nemotron.tokenization.loading import TextEncoder
-from energon_nemotron.types import Conversation, EncodedSample, EncodedSource, PackedBatch, Pending
+from energon_nemotron.types import Conversation, EncodedSample, EncodedSource, Pending
+from energon_nemotron.batch import PackedBatch
 
 
 @TASK_ENCODERS.register("nemotron_multimodal")

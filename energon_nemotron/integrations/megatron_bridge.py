@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from energon_nemotron.types import PackedBatch
+from energon_nemotron.batch import PackedBatch
 
 #: pixels per patch side of Bridge's Nemotron Omni vision path (``_VISION_PATCH_DIM`` of the step)
 BRIDGE_PATCH = 16

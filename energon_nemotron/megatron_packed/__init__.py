@@ -2,6 +2,6 @@
 
 from energon_nemotron.megatron_packed.collate import collate_rows
 from energon_nemotron.megatron_packed.dataset import MegatronSFTPackedDataset
-from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
+from energon_nemotron.megatron_packed.encoder import ENCODER_SETTINGS, MegatronSFTPackedEncoder, encoder_from
 
-__all__ = ["MegatronSFTPackedEncoder", "MegatronSFTPackedDataset", "collate_rows"]
+__all__ = ["MegatronSFTPackedEncoder", "MegatronSFTPackedDataset", "collate_rows", "encoder_from", "ENCODER_SETTINGS"]

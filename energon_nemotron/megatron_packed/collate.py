@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from energon_nemotron.types import PackedBatch
+from energon_nemotron.batch import PackedBatch
 
 
 def collate_rows(rows: Sequence[dict[str, Any]]) -> PackedBatch:

@@ -24,7 +24,7 @@ from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.megatron_packed.conversation import row_messages, split_conversations
 from energon_nemotron.megatron_packed.sft_tokenizer import SFTConversationTokenizer, TokenizedConversation
 from energon_nemotron.tokenization.reserved import ReservedTokens
-from energon_nemotron.types import IGNORE_INDEX
+from energon_nemotron.batch import IGNORE_INDEX
 
 
 def _usable(tc: TokenizedConversation, where: Optional[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +163,7 @@ class MegatronSFTPackedEncoder:
         prompt format, seq_length, CP size, the pad token and id, chat key, identity masking,
         ``allow_eos_pad``."""
         if self._signature is None:
-            from energon_nemotron.state import file_digest
+            from energon_nemotron.resume.fingerprint import file_digest
 
             folder = self.tokenizer_dir
             self._signature = {
@@ -244,3 +244,15 @@ class MegatronSFTPackedEncoder:
             "dropped_conversations": len(convs) - kept,
             "pad_in_content": pad_in_content,
         }
+
+
+#: the encoder settings a ``megatron_sft_packed`` source (``config.MegatronSource``) and the
+#: ``pack-megatron`` / ``inspect-megatron`` commands give, by :class:`MegatronSFTPackedEncoder`'s names
+ENCODER_SETTINGS = ("seq_length", "prompt_format", "context_parallel_size", "pad_token", "chat_key",
+                    "identity_masks_prompt", "allow_eos_pad")
+
+
+def encoder_from(tokenizer: Any, settings: Any) -> MegatronSFTPackedEncoder:
+    """The encoder of ``settings``: any object with the attributes :data:`ENCODER_SETTINGS` (a
+    ``MegatronSource``, the CLI's parsed arguments)."""
+    return MegatronSFTPackedEncoder(tokenizer, **{k: getattr(settings, k) for k in ENCODER_SETTINGS})

@@ -28,7 +28,7 @@ from energon_nemotron.megatron_packed.prompt_formats import (
 )
 from energon_nemotron.tokenization.boundaries import TurnBoundaries
 from energon_nemotron.tokenization.loading import TextEncoder, load_tokenizer
-from energon_nemotron.types import IGNORE_INDEX
+from energon_nemotron.batch import IGNORE_INDEX
 
 
 @dataclass

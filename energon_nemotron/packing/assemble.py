@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from energon_nemotron.types import IGNORE_INDEX, EncodedSource, PackedBatch, PackedRow
+from energon_nemotron.types import EncodedSource, PackedRow
+from energon_nemotron.batch import IGNORE_INDEX, PackedBatch
 
 
 def round_up(n: int, multiple: int) -> int:

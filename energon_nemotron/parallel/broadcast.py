@@ -41,13 +41,13 @@ import math
 import operator
 from typing import Any, Callable, Iterator, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
+from energon_nemotron.resume.codec import decode_json, encode_json
 from energon_nemotron.tensors import PackedTensor, from_wire
 from energon_nemotron.tensors.common import dtype_from_name, dtype_name, typed_view
-from energon_nemotron.types import PackedBatch
+from energon_nemotron.batch import PackedBatch
 
 __all__ = ["broadcast_packed_batch", "packed_batch_to_wire", "packed_batch_from_wire", "batches_equal",
            "BroadcastStats"]
@@ -76,36 +76,6 @@ class BroadcastStats:
         return self.header_bytes + self.payload_bytes
 
 
-def _enc(v: Any) -> Any:
-    """A JSON value for ``v`` (tuples and awkward dicts tagged, numpy scalars made Python)."""
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, list):
-        return [_enc(x) for x in v]
-    if isinstance(v, tuple):
-        return {"__tuple__": [_enc(x) for x in v]}
-    if isinstance(v, dict):
-        if all(isinstance(k, str) and k not in ("__tuple__", "__dict__") for k in v):
-            return {k: _enc(x) for k, x in v.items()}
-        return {"__dict__": [[_enc(k), _enc(x)] for k, x in v.items()]}
-    raise TypeError(f"cannot send a {type(v).__name__} in a PackedBatch header (JSON values only)")
-
-
-def _dec(v: Any) -> Any:
-    """Inverse of :func:`_enc`."""
-    if isinstance(v, list):
-        return [_dec(x) for x in v]
-    if isinstance(v, dict):
-        if len(v) == 1 and isinstance(v.get("__tuple__"), list):
-            return tuple(_dec(x) for x in v["__tuple__"])
-        if len(v) == 1 and isinstance(v.get("__dict__"), list):
-            return {_dec(k): _dec(x) for k, x in v["__dict__"]}  # TypeError/ValueError if malformed
-        return {k: _dec(x) for k, x in v.items()}
-    return v
-
-
 def _plan(batch: PackedBatch, chunk_bytes: int) -> tuple[dict, dict[str, list[torch.Tensor]]]:
     """The header and, per dtype name, the tensors of that group in buffer order (not copied)."""
     if not isinstance(batch, PackedBatch):
@@ -129,9 +99,9 @@ def _plan(batch: PackedBatch, chunk_bytes: int) -> tuple[dict, dict[str, list[to
         elif isinstance(value, torch.Tensor):
             entry = {"kind": "tensor", **add(value)}
         else:
-            entry = {"kind": "value", "value": _enc(value)}
+            entry = {"kind": "value", "value": encode_json(value)}
         header["media"].append([str(name), entry])
-    header["meta"] = {k: _enc(getattr(batch, k)) for k in _META}
+    header["meta"] = {k: encode_json(getattr(batch, k)) for k in _META}
     header["buffers"] = dict(sorted(sizes.items()))
     return header, groups
 
@@ -242,7 +212,7 @@ def packed_batch_from_wire(header: dict, buffers: dict[str, torch.Tensor]) -> Pa
     fields = {k: take(header["tensors"][k], k) for k in _TENSORS}
     for k in ("cu_seqlens", "cu_seqlens_padded"):
         fields[k] = [take(c, f"{k}[{i}]") for i, c in enumerate(header[k])]
-    values = {k: _dec(header["meta"][k]) for k in _META}
+    values = {k: decode_json(header["meta"][k]) for k in _META}
     rows = fields["tokens"].shape[0] if fields["tokens"].dim() == 2 else -1
     for k in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen", "sample_keys", "is_padding", "media_spans"):
         n = len(fields[k]) if k in fields else len(values[k]) if isinstance(values[k], list) else -1
@@ -261,7 +231,7 @@ def packed_batch_from_wire(header: dict, buffers: dict[str, torch.Tensor]) -> Pa
             data = take({"dtype": wire["dtype"], "shape": shape, "offset": entry["offset"]}, what)
             media[name] = from_wire(wire, data.reshape(-1).view(torch.uint8))
         elif kind == "value":
-            media[name] = _dec(entry["value"])
+            media[name] = decode_json(entry["value"])
         else:
             raise ValueError(f"PackedBatch header: {what} has unknown kind {kind!r}")
     if used != sizes:

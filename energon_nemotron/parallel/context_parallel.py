@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from energon_nemotron.batch import PackedBatch
+
 
 def _as_boundaries(cu_seqlens_padded: torch.Tensor | Sequence[int]) -> torch.Tensor:
     cu = torch.as_tensor(cu_seqlens_padded, dtype=torch.int64).reshape(-1)
@@ -78,13 +80,11 @@ def slice_for_cp_rank(tensors, cu_seqlens_padded, cp_size: int, cp_rank: int, di
     Returns:
         name → tensor with ``dim`` of length T / cp_size, same dtype (or the sliced ``PackedBatch``).
     """
-    from energon_nemotron.types import PackedBatch
-
     if isinstance(tensors, PackedBatch):
         rows = [slice_for_cp_rank({k: getattr(tensors, k)[i] for k in ROW_TENSORS},
                                   tensors.cu_seqlens_padded[i], cp_size, cp_rank)
                 for i in range(tensors.batch_size)]
-        return tensors._replace(**{k: torch.stack([r[k] for r in rows]) for k in ROW_TENSORS})
+        return tensors.replace(**{k: torch.stack([r[k] for r in rows]) for k in ROW_TENSORS})
     index = partition_indices(cu_seqlens_padded, cp_size, cp_rank)
     total = int(torch.as_tensor(cu_seqlens_padded).reshape(-1)[-1])
     out = {}

@@ -6,7 +6,7 @@ each packed segment, writing 0 at the segment's last position (``roll_tensor`` w
 that position is in the same segment, else 0. No target ever crosses a segment boundary.
 
 Megatron derives these itself from ``labels``/``loss_mask``: pass those, never pre-rolled ones.
-This function exists for tests, inspection and non-Megatron consumers.
+These functions exist for tests, inspection and non-Megatron consumers.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+
+from energon_nemotron.batch import PackedBatch
 
 
 def roll_targets(labels: torch.Tensor, loss_mask: torch.Tensor,
@@ -47,3 +49,15 @@ def roll_targets(labels: torch.Tensor, loss_mask: torch.Tensor,
     out_labels = torch.where(keep, labels[src], torch.zeros_like(labels))
     out_mask = torch.where(keep, loss_mask[src], torch.zeros_like(loss_mask))
     return out_labels, out_mask
+
+
+def mtp_targets(batch: PackedBatch, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels int64 [B, S] and loss mask float32 [B, S] of multi-token-prediction depth ``depth``
+    (1-based, at most ``batch.mtp_num_layers`` when that is set), as megatron-core's per-segment
+    roll derives them from ``labels`` and ``loss_mask`` (:func:`roll_targets` per row over
+    ``cu_seqlens_padded``): no target crosses a segment boundary."""
+    if depth < 1 or (batch.mtp_num_layers and depth > batch.mtp_num_layers):
+        raise ValueError(f"MTP depth must be in 1..{batch.mtp_num_layers or 'inf'}, got {depth}")
+    rolled = [roll_targets(batch.labels[i], batch.loss_mask[i], batch.cu_seqlens_padded[i], depth)
+              for i in range(batch.batch_size)]
+    return torch.stack([r[0] for r in rolled]), torch.stack([r[1] for r in rolled])

@@ -1,11 +1,24 @@
-"""megatron-core ``PackedSeqParams`` for one packed row (``qkv_format="thd"``)."""
+"""megatron-core ``PackedSeqParams`` for one packed row (``qkv_format="thd"``), and the one decision
+every consumer takes from it: which boundaries attention reads as ``cu_seqlens_q``.
+
+Default (safe for multi-token prediction and context parallelism): ``cu_seqlens_q`` =
+``cu_seqlens_q_padded`` = the padded boundaries. megatron-core's MTP roll (``roll_tensor`` over
+``packed_seq_params``) reads ``cu_seqlens_q`` as physical offsets, and with CP divides them by the
+CP size, so real lengths there would roll trained targets onto pads and across segments. Causal
+attention over a segment's trailing pads leaves its real tokens unchanged (Megatron-LM's SFT path
+keeps its pads inside the segments the same way). ``exact_lengths``: ``cu_seqlens_q`` = the real
+lengths and ``cu_seqlens_q_padded`` the padded ones where they differ (attention skips the pads;
+only for models without MTP).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
+
+from energon_nemotron.batch import PackedBatch
 
 
 def to_packed_seq_params(cu_seqlens: torch.Tensor | Sequence[int], max_seqlen: int,
@@ -47,3 +60,26 @@ def to_packed_seq_params(cu_seqlens: torch.Tensor | Sequence[int], max_seqlen: i
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                            cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
                            max_seqlen_q=int(max_seqlen), max_seqlen_kv=int(max_seqlen), **extra)
+
+
+def row_boundaries(batch: PackedBatch, i: int = 0, exact_lengths: bool = False
+                   ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(cu_seqlens_q, cu_seqlens_q_padded)`` of row ``i`` (int32 [n+1] each; the second None when
+    it equals the first), as the module docstring decides them."""
+    padded = batch.cu_seqlens_padded[i]
+    if not exact_lengths:
+        return padded, padded
+    return batch.cu_seqlens[i], None if torch.equal(padded, batch.cu_seqlens[i]) else padded
+
+
+def packed_seq_params(batch: PackedBatch, i: int = 0, exact_lengths: bool = False, **kwargs: Any):
+    """megatron-core ``PackedSeqParams`` (``qkv_format="thd"``) for row ``i`` of ``batch``, with the
+    boundaries of :func:`row_boundaries`. ``total_tokens`` (the row width; megatron-core derives
+    the Mamba layers' ``seq_idx`` from it) is set when the installed megatron-core's
+    ``PackedSeqParams`` has the field. Needs the ``megatron`` extra."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    if "total_tokens" in {f.name for f in dataclasses.fields(PackedSeqParams)}:
+        kwargs.setdefault("total_tokens", batch.seq_length)
+    cu, padded = row_boundaries(batch, i, exact_lengths)
+    return to_packed_seq_params(cu, batch.max_seqlen[i], cu_seqlens_padded=padded, **kwargs)

@@ -167,7 +167,7 @@ def stats_encoder(cfg: LoaderConfig) -> Any:
     """The configured task encoder, built exactly as the loader builds it (``build_task_encoder``),
     made a phase-1 reader (:func:`phase1_class`); its failures never turn fatal (Energon's failure
     tolerance off) and its own skip counting is off (the records count)."""
-    from energon_nemotron.loader import build_task_encoder
+    from energon_nemotron.loading import build_task_encoder
 
     encoder = build_task_encoder(cfg, subclass=phase1_class)
     encoder.__default_failure_tolerance__ = 0

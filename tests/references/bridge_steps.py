@@ -240,7 +240,7 @@ def _forward(step, model, batch) -> tuple[torch.Tensor, int]:
 def _datamodule(case: dict) -> dict:
     """The project's task encoder (``output: nemotron_omni_step``) handed to Bridge's
     ``EnergonMultiModalDataModule``; its batches go straight to ``forward_step``."""
-    from energon_nemotron.loader import build_task_encoder
+    from energon_nemotron.loading import build_task_encoder
 
     data = import_bridge_module("megatron.bridge.data.energon.base_energon_datamodule")
     step = import_bridge_module("megatron.bridge.training.nemotron_omni_step")

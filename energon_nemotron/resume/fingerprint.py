@@ -1,12 +1,22 @@
 """The configuration fingerprint a loader state carries: everything that changes the stream of
-batches. Restoring a state under another fingerprint fails with a per-key diff (``state``)."""
+batches. Restoring a state under another fingerprint fails with a per-key diff
+(:func:`check_fingerprint`)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
-from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource
+from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, describe_value
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.guards.source_tree import stream_digests
+from energon_nemotron.registry import COOKERS
+from energon_nemotron.version import __version__
+
+__all__ = ["fingerprint", "fingerprint_diff", "check_fingerprint", "file_digest", "DAMAGED"]
+
 
 
 def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
@@ -15,11 +25,6 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
     split.yaml, .info, index.uuid or .jsonl.idx), the media roots (when set: they change which files
     are read), cookers, task encoder and options, packing, tokenizer files, loader settings, rank
     layout, seed, library version."""
-    from energon_nemotron import __version__
-    from energon_nemotron.guards.source_tree import stream_digests
-    from energon_nemotron.registry import COOKERS
-    from energon_nemotron.state import file_digest
-
     def source(src) -> Any:
         if src is None:
             return None
@@ -52,3 +57,40 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
                                                               "max_consecutive_skips"}),
         **files("train", cfg.data.train), **files("validation", cfg.data.validation),
     }
+
+
+#: the end of every message about a state that cannot be restored
+DAMAGED = ("the state is damaged or belongs to another configuration: resume from a state this configuration "
+           "saved, or start without one")
+
+
+def file_digest(*paths: Path) -> str:
+    """sha256 over the given files (missing ones skipped), e.g. a tokenizer's files."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        if p.is_file():
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint_diff(saved: dict, current: dict) -> list[str]:
+    """Human-readable lines for every key whose value differs."""
+    lines = []
+    for key in sorted(set(saved) | set(current), key=str):
+        a, b = saved.get(key, "<missing>"), current.get(key, "<missing>")
+        if a != b:
+            lines.append(f"  {key}: saved {json.dumps(a, sort_keys=True, default=str)} "
+                         f"!= now {json.dumps(b, sort_keys=True, default=str)}")
+    return lines
+
+
+def check_fingerprint(saved: dict, current: dict, origin: str = "the loader state") -> None:
+    """``ConfigError`` listing every key of ``saved`` that differs from ``current`` (``origin``:
+    how the message names the state)."""
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{origin}: fingerprint is {describe_value(saved)}, not a mapping; {DAMAGED}")
+    diff = fingerprint_diff(saved, current)
+    if diff:
+        raise ConfigError(f"{origin} was saved under a different configuration; restoring it would "
+                          "change the data stream:\n" + "\n".join(diff))

@@ -21,23 +21,31 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
+from pydantic import ValidationError
 
-from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, load_config
-from energon_nemotron.loading.preflight import check_media_roots, check_source, check_source_path
+from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, format_validation_error, load_config
 from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.guards.policy import ErrorPolicy, skip_counter as skip_counter
-from energon_nemotron.media.handlers import MEDIA_COUNTERS
+from energon_nemotron.guards.policy import ErrorPolicy, skip_counter
+from energon_nemotron.guards.shards import guard_reads
 from energon_nemotron.guards.skip_limits import apply_limits
-from energon_nemotron.fingerprint import fingerprint
-from energon_nemotron.telemetry import LoaderStats, SharedCounter
+from energon_nemotron.loading.preflight import check_media_roots, check_source, check_source_path
+from energon_nemotron.loading.stats import LoaderStats
+from energon_nemotron.media.handlers import MEDIA_COUNTERS
+from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, collate_rows, encoder_from
 from energon_nemotron.registry import TASK_ENCODERS
-from energon_nemotron.validation import EvenedValidation, padding_batch
+from energon_nemotron.resume.checks import restore_energon, rows_position, state_parts
+from energon_nemotron.resume.codec import encode_state
+from energon_nemotron.resume.elastic import RecentBatches, install_filters, rank_record, rank_skipped, start_elastic
+from energon_nemotron.resume.fingerprint import check_fingerprint, fingerprint
+from energon_nemotron.resume.worker_checkpoints import settle, start_point
+from energon_nemotron.telemetry import SharedCounter
 
 ConfigLike = Union[LoaderConfig, str, Path, dict]
 
 
-def _config(config: ConfigLike) -> LoaderConfig:
+def as_config(config: ConfigLike) -> LoaderConfig:
+    """A ``LoaderConfig`` from a config, a YAML path or a dict (``config.load_config``)."""
     return config if isinstance(config, LoaderConfig) else load_config(config)
 
 
@@ -45,14 +53,11 @@ def build_task_encoder(config: ConfigLike, subclass: Optional[Callable[[type], t
     """The configured task encoder; its ``options`` are validated by the encoder's own model.
     ``subclass``: builds the class to instantiate from the registered one (e.g. the phase-1 reader
     of ``stats``), so it is constructed exactly as the loader constructs it."""
-    cfg = _config(config)
+    cfg = as_config(config)
     try:
         cls = TASK_ENCODERS.get(cfg.task_encoder.name)
     except KeyError as e:
         raise ConfigError(f"task_encoder.name: {e.args[0]}") from None
-    from pydantic import ValidationError
-
-    from energon_nemotron.config import format_validation_error
 
     try:
         options = cls.Options(**cfg.task_encoder.options)
@@ -76,12 +81,7 @@ def _worker_config(cfg: LoaderConfig, encoder: Any):
 
 
 def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, skips: SharedCounter) -> Iterable:
-    from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, MegatronSFTPackedEncoder, collate_rows
-
-    encoder = MegatronSFTPackedEncoder(cfg.tokenizer, src.seq_length, prompt_format=src.prompt_format,
-                                       context_parallel_size=src.context_parallel_size, pad_token=src.pad_token,
-                                       chat_key=src.chat_key, identity_masks_prompt=src.identity_masks_prompt,
-                                       allow_eos_pad=src.allow_eos_pad)
+    encoder = encoder_from(cfg.tokenizer, src)
     apply_limits(skips, cfg.loader)
     # training rows: a full per-epoch permutation whenever a shuffle buffer is set; validation: file order
     shuffle = None if validation or cfg.loader.shuffle_buffer_size is None else cfg.loader.seed
@@ -97,8 +97,6 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, s
 def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, repeat: bool,
                     skips: SharedCounter, decodes: SharedCounter, lookups: SharedCounter) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
-
-    from energon_nemotron.guards.shards import guard_reads
 
     check_source(src.path, src.split, cfg.data.default_cooker)   # tree, subflavors, shards against indexes
     encoder = build_task_encoder(cfg)
@@ -134,13 +132,14 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     guard_reads(dataset)                     # a shard damaged inside: a DatasetError naming it, not a traceback
     # a worker checkpoint at least every second (Energon's default: every minute): a restore replays
     # at most a second of batches, and the loader keeps that many batches' keys for the elastic
-    # merge (energon_nemotron.elastic.RecentBatches); the stream is unchanged
+    # merge (energon_nemotron.resume.elastic.RecentBatches); the stream is unchanged
     return get_savable_loader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None,
                               checkpoint_every_sec=1, checkpoint_every_min_n_samples=1)
 
 
-def _with_dp(config: ConfigLike, dp_rank: Optional[int], dp_size: Optional[int]) -> LoaderConfig:
-    cfg = _config(config)
+def with_dp(config: ConfigLike, dp_rank: Optional[int], dp_size: Optional[int]) -> LoaderConfig:
+    """The config with ``loader.dp_rank`` / ``loader.dp_size`` replaced where given (checked)."""
+    cfg = as_config(config)
     if dp_rank is None and dp_size is None:
         return cfg
     settings = cfg.loader.model_copy(update={"dp_rank": cfg.loader.dp_rank if dp_rank is None else dp_rank,
@@ -150,7 +149,9 @@ def _with_dp(config: ConfigLike, dp_rank: Optional[int], dp_size: Optional[int])
     return cfg.model_copy(update={"loader": settings})
 
 
-def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
+def build_loader(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
+    """The :class:`Loader` of one split of ``cfg`` for its rank (``validation``: one pass over the
+    validation split, not evened out over ranks: see ``build_val_loader``)."""
     src = cfg.data.validation if validation else cfg.data.train
     if src is None:
         raise ConfigError("data.validation is not set")
@@ -165,8 +166,6 @@ def _build(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
     lookups = SharedCounter(LOOKUP_COUNTERS, cfg.loader.num_workers)
     inner = _energon_loader(cfg, src, validation, repeat, skips, decodes, lookups)
     loader = Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every, lookups=lookups))
-    from energon_nemotron.elastic import RecentBatches
-
     loader.layout, loader.recent = (cfg, repeat), RecentBatches(cfg.loader.num_workers)
     return loader
 
@@ -190,8 +189,6 @@ class Loader:
         self._consumed: Optional[list] = None      # per leaf, what an elastic start skips (counts)
         self.recent: Any = None                    # elastic.RecentBatches of an Energon loader
         if not rows:
-            from energon_nemotron.worker_checkpoints import start_point
-
             self._start = start_point(inner)     # what a worker that has delivered nothing resumes from
 
     @property
@@ -226,20 +223,14 @@ class Loader:
 
     def state_dict(self) -> dict:
         """The position after the batches yielded so far, and the configuration's fingerprint."""
-        from energon_nemotron.state import encode_state
-
         if self.rows:
             position = {"workers": {str(k): v for k, v in self.positions.items()},
                         "next_worker": self.next_worker}
         else:
-            from energon_nemotron.worker_checkpoints import settle
-
             energon = settle(self.inner.save_state_rank(), self.inner, self._start)
             position = {"energon": encode_state(energon)}
         out = {"fingerprint": self.fingerprint, "position": position}
         if self.layout is not None:
-            from energon_nemotron.elastic import rank_record
-
             out["elastic"] = rank_record(self.inner.dataset, *self.layout, skipped=self._consumed,
                                          recent=self.recent.since(energon))
         return out
@@ -248,17 +239,13 @@ class Loader:
         """Resume from ``state`` (before iterating); a different configuration is a ``ConfigError``
         listing what changed, a damaged state (or another loader's) one naming the key (``origin``:
         how messages name the state, e.g. its file). ``elastic``: ``state`` is
-        ``energon_nemotron.state.merge_rank_states`` of every rank's state, saved on any number of
+        ``energon_nemotron.resume.merge_rank_states`` of every rank's state, saved on any number of
         ranks and workers; this loader yields, with the others of its shape, exactly the samples of
-        the epoch in progress that none had yielded (see :mod:`energon_nemotron.elastic`)."""
-        from energon_nemotron.state import check_fingerprint, restore_energon, rows_position, state_parts
-
+        the epoch in progress that none had yielded (see :mod:`energon_nemotron.resume.elastic`)."""
         if elastic:
             if self.rows or self.layout is None:
                 raise ConfigError(f"{origin}: elastic resume applies to Energon sources; a Megatron-LM rows "
                                   "loader resumes on the shape that saved it")
-            from energon_nemotron.elastic import start_elastic
-
             self._consumed = start_elastic(self.inner.dataset, state, self.fingerprint, origin)
             return
         saved, position = state_parts(state, origin)
@@ -267,8 +254,6 @@ class Loader:
             ds = self.inner.dataset
             ds.resume_positions, ds.worker_offset = rows_position(position, self.inner.num_workers, origin)
         else:
-            from energon_nemotron.worker_checkpoints import start_point
-
             restore_energon(self.inner, position, origin)
             self._start = start_point(self.inner)
             self._restore_consumed(state.get("elastic"), origin)
@@ -280,8 +265,6 @@ class Loader:
         leaves = record.get("leaves") if isinstance(record, dict) else None
         if not isinstance(leaves, list) or not leaves:
             return
-        from energon_nemotron.elastic import install_filters, rank_skipped
-
         try:
             self._consumed = rank_skipped(leaves, f"{origin}: elastic")
         except (KeyError, TypeError, AttributeError) as e:
@@ -294,20 +277,4 @@ def build_train_loader(config: ConfigLike, repeat: bool = True, dp_rank: Optiona
                        dp_size: Optional[int] = None) -> Loader:
     """Batches of the training split for one data-parallel rank (``repeat=False``: one epoch,
     each of the rank's samples once)."""
-    return _build(_with_dp(config, dp_rank, dp_size), validation=False, repeat=repeat)
-
-
-def build_val_loader(config: ConfigLike, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
-                     group: Any = None) -> Iterable:
-    """Batches of the validation split for one data-parallel rank (one pass), padded so that every
-    rank yields the same number of batches. ``group``: the data-parallel ``torch.distributed``
-    group, used to agree on that number; without it (single process) the other ranks' batch
-    counts are computed by reading their parts."""
-    cfg = _with_dp(config, dp_rank, dp_size)
-    if isinstance(cfg.data.validation, MegatronSource):
-        return _build(cfg, validation=True, repeat=False)          # pads by rows itself
-    return EvenedValidation(cfg, group)
-
-
-__all__ = ["Loader", "build_task_encoder", "build_train_loader", "build_val_loader", "fingerprint",
-           "EvenedValidation", "padding_batch"]
+    return build_loader(with_dp(config, dp_rank, dp_size), validation=False, repeat=repeat)

@@ -28,9 +28,9 @@ stopped mid-pass are runs of 0 and 1: a few KB per million samples when the rank
 order, measured in the README); a rank's state carries its own part of it only after an elastic start.
 """
 
-from energon_nemotron.elastic.filters import install_filters, start_elastic
-from energon_nemotron.elastic.merge import merge_rank_states
-from energon_nemotron.elastic.record import (RecentBatches, dataset_leaves, decode_counts, encode_counts, rank_record,
+from energon_nemotron.resume.elastic.filters import install_filters, start_elastic
+from energon_nemotron.resume.elastic.merge import merge_rank_states
+from energon_nemotron.resume.elastic.record import (RecentBatches, dataset_leaves, decode_counts, encode_counts, rank_record,
                                              rank_skipped, sample_refs)
 
 __all__ = ["merge_rank_states", "start_elastic", "install_filters", "rank_record", "rank_skipped", "RecentBatches",

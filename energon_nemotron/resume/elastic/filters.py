@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from energon_nemotron.elastic.record import VERSION, _leaf_name, _rank_range, dataset_leaves, decode_counts, layout_free
 from energon_nemotron.errors import ConfigError
+from energon_nemotron.resume.elastic.record import VERSION, _leaf_name, _rank_range, dataset_leaves, decode_counts, layout_free
+from energon_nemotron.resume.fingerprint import check_fingerprint
 
 
 class SkipConsumed:
@@ -45,11 +46,9 @@ class RestoreUnfiltered:
 def start_elastic(dataset: Any, merged: Any, fingerprint: dict, origin: str) -> list[np.ndarray]:
     """Check ``merged`` against this loader (its configuration apart from the rank layout, its
     datasets) and make every leaf skip what was consumed; returns the per-leaf counts."""
-    from energon_nemotron.state import check_fingerprint
-
     body = merged.get("merged") if isinstance(merged, dict) else None
     if not isinstance(body, dict) or body.get("version") != VERSION:
-        raise ConfigError(f"{origin}: not a merged state (energon_nemotron.state.merge_rank_states of every "
+        raise ConfigError(f"{origin}: not a merged state (energon_nemotron.resume.merge_rank_states of every "
                           "rank's state); elastic=True needs one")
     check_fingerprint(merged.get("fingerprint"), layout_free(fingerprint), origin)
     saved = body.get("leaves") if isinstance(body.get("leaves"), list) else []

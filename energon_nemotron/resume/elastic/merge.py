@@ -8,9 +8,11 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from energon_nemotron.elastic.record import (DAMAGED_HINT, LEAF, SELECTORS, VERSION, _owned, encode_counts,
+from energon_nemotron.resume.checks import energon_position, state_parts
+from energon_nemotron.resume.elastic.record import (DAMAGED_HINT, LEAF, SELECTORS, VERSION, _owned, encode_counts,
                                              layout_free, rank_skipped, sample_refs)
 from energon_nemotron.errors import ConfigError
+from energon_nemotron.resume.fingerprint import fingerprint_diff
 
 
 def _restore_keys(value: Any) -> Iterator[tuple]:
@@ -109,8 +111,6 @@ def _worker_trees(energon: Any, where: str) -> list:
 def _records(states: Sequence[dict]) -> tuple[list, dict]:
     """Each state's (elastic record, position), checked to be all ranks of one run once each, and
     their common layout-free fingerprint."""
-    from energon_nemotron.state import fingerprint_diff, state_parts
-
     if not states:
         raise ConfigError("merge_rank_states: no states given")
     out, common = [], None
@@ -136,8 +136,6 @@ def _records(states: Sequence[dict]) -> tuple[list, dict]:
 
 def _merge(states: Sequence[dict]) -> dict:
     """:func:`merge_rank_states` (damaged records may raise other errors here)."""
-    from energon_nemotron.state import energon_position
-
     records, common = _records(states)
     shape = [(leaf["path"], leaf["name"], leaf["size"]) for leaf in records[0][0]["leaves"]]
     counts = [np.zeros(size, dtype=np.int16) for _, _, size in shape]

@@ -1,0 +1,59 @@
+"""A loader's running statistics: what its batches show (samples, packs, fill, tokens/s) in the main
+process, with the counters its workers share (``telemetry.SharedCounter``: media decoded, media
+found by basename in an aux source, samples skipped by reason)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from energon_nemotron.telemetry import SharedCounter
+
+log = logging.getLogger("energon_nemotron")
+
+__all__ = ["LoaderStats"]
+
+
+class LoaderStats:
+    """Running totals of a loader's batches; ``line()`` is the one-line summary that is logged
+    every ``log_every`` batches (logger ``energon_nemotron``, level INFO)."""
+
+    def __init__(self, skips: SharedCounter, decodes: Optional[SharedCounter], pad_id: Optional[int] = None,
+                 log_every: int = 0, lookups: Optional[SharedCounter] = None) -> None:
+        self.skips, self.decodes, self.pad_id, self.log_every = skips, decodes, pad_id, log_every
+        self.lookups = lookups      # media found by basename in an aux source (cookers.media_sources)
+        self.batches = self.rows = self.samples = self.tokens = self.positions = 0
+        self.start = time.perf_counter()
+
+    def update(self, batch) -> None:
+        self.batches += 1
+        self.rows += batch.batch_size
+        self.positions += batch.batch_size * batch.seq_length
+        self.samples += sum(len(k) for k, pad in zip(batch.sample_keys, batch.is_padding) if not pad)
+        if self.pad_id is not None:       # Megatron-LM rows: pads sit inside the segments
+            self.tokens += int((batch.tokens != self.pad_id).sum())
+        else:
+            self.tokens += sum(int(c[-1]) for c in batch.cu_seqlens)
+        if self.log_every and self.batches % self.log_every == 0:
+            log.info(self.line())
+
+    def as_dict(self) -> dict:
+        seconds = time.perf_counter() - self.start
+        media = self.decodes.totals() if self.decodes is not None else {}
+        truncated = media.pop("audio_truncated", 0)
+        fallback = self.lookups.totals().get("basename_fallback", 0) if self.lookups is not None else 0
+        return {"batches": self.batches, "packs": self.rows, "samples": self.samples, "tokens": self.tokens,
+                "fill_ratio": self.tokens / self.positions if self.positions else 0.0,
+                "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "seconds": seconds,
+                "media_decoded": media, "audio_truncated": truncated, "basename_fallback": fallback,
+                "skipped": self.skips.totals()}
+
+    def line(self) -> str:
+        d = self.as_dict()
+        media = " ".join(f"{k} {v}" for k, v in d["media_decoded"].items()) or "none"
+        skipped = " ".join(f"{k} {v}" for k, v in d["skipped"].items()) or "none"
+        truncated = f" ({d['audio_truncated']} audio truncated)" if d["audio_truncated"] else ""
+        fallback = f" | media found by basename: {d['basename_fallback']}" if d["basename_fallback"] else ""
+        return (f"batches {d['batches']} | packs {d['packs']} | samples {d['samples']} | fill {d['fill_ratio']:.2%} | "
+                f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media}{truncated}{fallback} | skipped: {skipped}")

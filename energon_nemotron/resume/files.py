@@ -1,0 +1,50 @@
+"""Loader state files: JSON (never pickle, ``resume.codec``), written atomically.
+
+A state holds the loader's own state (Energon's ``SavableDataLoaderState``, or the rows consumed
+on the Megatron-LM path) and a fingerprint of everything that changes the stream
+(``resume.fingerprint``); restoring under a different fingerprint fails with a per-key diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from energon_nemotron.errors import ConfigError
+
+FORMAT = "energon-nemotron-loader-state"
+VERSION = 1
+
+__all__ = ["save_state_file", "load_state_file", "FORMAT", "VERSION"]
+
+
+def save_state_file(path: str | os.PathLike, state: dict) -> None:
+    """Write ``state`` as JSON atomically: a temporary file in the same folder, fsync, rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    payload = json.dumps({"format": FORMAT, "version": VERSION, **state}, sort_keys=True)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_state_file(path: str | os.PathLike) -> dict:
+    """Read a state file written by :func:`save_state_file` (``ConfigError`` when it is not one)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read loader state {str(path)!r}: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(f"loader state {path}: not valid JSON ({type(e).__name__}: {e}); the file is truncated "
+                          "or damaged: restore it, or start without a state") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise ConfigError(f"{path}: not an energon-nemotron loader state (version {VERSION})")
+    return data
