@@ -58,7 +58,7 @@ def cmd_pack_megatron(a: argparse.Namespace) -> int:
 
 def cmd_inspect_megatron(a: argparse.Namespace) -> int:
     from energon_nemotron.megatron_packed import MegatronSFTPackedDataset
-    from energon_nemotron.inspect_rows import row_json, row_text
+    from energon_nemotron.inspection.rows import row_json, row_text
 
     enc = _encoder(a)
     ds = MegatronSFTPackedDataset(a.file, enc)
@@ -74,7 +74,7 @@ def cmd_inspect_megatron(a: argparse.Namespace) -> int:
 
 
 def cmd_preview(a: argparse.Namespace) -> int:
-    from energon_nemotron.preview import run_preview
+    from energon_nemotron.inspection.preview import run_preview
 
     return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color, dp_rank=a.dp_rank,
                        dp_size=a.dp_size, split=a.split, save_state=a.save_state, load_state=a.load_state,

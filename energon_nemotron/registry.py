@@ -158,5 +158,5 @@ TASK_ENCODERS: Registry = Registry("task encoder", ["energon_nemotron.encoders.n
 MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format",
                                               ["energon_nemotron.megatron_packed.prompt_formats"])
 
-#: Model presets: ``name -> integrations.presets.ModelPreset`` (the media layout a consumer model needs).
-MODEL_PRESETS: Registry = Registry("model preset", ["energon_nemotron.integrations.presets"])
+#: Model presets: ``name -> encoders.presets.ModelPreset`` (the media layout a consumer model needs).
+MODEL_PRESETS: Registry = Registry("model preset", ["energon_nemotron.encoders.presets"])

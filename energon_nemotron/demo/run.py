@@ -26,7 +26,7 @@ NUM_CONVERSATIONS = 400
 def run_demo(out: str | Path = "demo_out", progress: bool = True) -> int:
     """Write raw data, pack it offline, read it back as ``PackedBatch``es; print a summary."""
     from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, MegatronSFTPackedEncoder, collate_rows
-    from energon_nemotron.inspect_rows import row_text
+    from energon_nemotron.inspection.rows import row_text
     from energon_nemotron.megatron_packed.offline_pack import pack_file
 
     out = Path(out)
@@ -86,7 +86,7 @@ def run_energon_demo(out: Path, progress: bool) -> bool:
 
     from energon_nemotron.demo.datasets import asr_dataset, multimodal_dataset, text_dataset
     from energon_nemotron.loading import build_train_loader
-    from energon_nemotron.preview import run_preview
+    from energon_nemotron.inspection.preview import run_preview
 
     for name in ("text_dataset", "multimodal_dataset", "asr_dataset"):
         shutil.rmtree(out / name, ignore_errors=True)

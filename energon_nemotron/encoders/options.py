@@ -44,7 +44,7 @@ class NemotronMultimodalOptions(StrictModel):
     sequence_parallel: bool = False
     mtp_num_layers: int = Field(0, ge=0)
     max_media_bytes: int = Field(2 * 2**30, ge=1)
-    #: a model preset (``integrations.presets``): the image/video layout the consumer model requires
+    #: a model preset (``encoders.presets``): the image/video layout the consumer model requires
     preset: Optional[str] = None
     #: what ``batch`` yields: a ``PackedBatch``, or the dict of one Megatron-Bridge step (one row
     #: per micro-batch; ``integrations.megatron_bridge``)
@@ -67,7 +67,7 @@ class NemotronMultimodalOptions(StrictModel):
     @property
     def temporal_patch_dim(self) -> int:
         """The Bridge model provider's ``temporal_patch_dim`` this configuration serves (1 without a preset)."""
-        from energon_nemotron.integrations.presets import preset
+        from energon_nemotron.encoders.presets import preset
 
         return preset(self.preset).temporal_patch_dim if self.preset else 1
 
@@ -75,7 +75,7 @@ class NemotronMultimodalOptions(StrictModel):
     def _preset(self) -> "NemotronMultimodalOptions":
         if self.preset is None:
             return self
-        from energon_nemotron.integrations.presets import preset
+        from energon_nemotron.encoders.presets import preset
 
         p = preset(self.preset)
         self.image = p.apply(self.preset, "image", self.image)

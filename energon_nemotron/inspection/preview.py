@@ -17,25 +17,12 @@ from pathlib import Path
 from typing import Optional
 
 from energon_nemotron.config import MegatronSource, load_config
-from energon_nemotron.inspect_rows import row_text
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.inspection.html import render_html
+from energon_nemotron.inspection.rows import batch_json, row_text
 from energon_nemotron.loading import build_train_loader, build_val_loader
+from energon_nemotron.resume import load_state_file, save_state_file
 from energon_nemotron.tokenization.loading import load_tokenizer
-from energon_nemotron.batch import PackedBatch
-
-
-def batch_json(index: int, batch: PackedBatch) -> dict:
-    return {
-        "batch": index,
-        "sample_keys": batch.sample_keys,
-        "tokens": batch.tokens.tolist(),
-        "labels": batch.labels.tolist(),
-        "loss_mask": batch.loss_mask.tolist(),
-        "position_ids": batch.position_ids.tolist(),
-        "cu_seqlens": [c.tolist() for c in batch.cu_seqlens],
-        "cu_seqlens_padded": [c.tolist() for c in batch.cu_seqlens_padded],
-        "is_padding": batch.is_padding,
-        "media": [{"row": r, **span} for r, spans in enumerate(batch.media_spans) for span in spans],
-    }
 
 
 def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool = False,
@@ -60,9 +47,6 @@ HTML_BATCHES = 8
 
 def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state,
              html=None) -> int:
-    from energon_nemotron.errors import ConfigError
-    from energon_nemotron.resume import load_state_file, save_state_file
-
     cfg = load_config(config_path)
     if split == "validation":
         loader = build_val_loader(cfg, dp_rank=dp_rank, dp_size=dp_size)
@@ -96,8 +80,6 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
     if save_state:
         save_state_file(save_state, loader.state_dict())
     if html:
-        from energon_nemotron.html_preview import render_html
-
         Path(html).write_text(render_html(kept, tokenizer, title=f"{config_path} — {split}, DP rank {dp_rank}"),
                               encoding="utf-8")
         print(f"wrote {html} ({printed} batches)", file=sys.stderr)

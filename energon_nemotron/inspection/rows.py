@@ -1,4 +1,4 @@
-"""Human and JSON views of packed rows (``inspect-megatron`` and ``preview``).
+"""Human and JSON views of packed rows and batches (``inspect-megatron`` and ``preview``).
 
 A row is a dict with 1-D ``tokens``, ``labels``, ``loss_mask``, ``position_ids``, ``cu_seqlens``
 and optionally ``cu_seqlens_padded``, ``max_seqlen``, ``sample_keys`` and flags.
@@ -13,17 +13,34 @@ DIM = "\x1b[2m"
 RESET = "\x1b[0m"
 
 
+#: the tensor fields of a row (and, one per row, of a ``PackedBatch``)
+TENSOR_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded")
+
+
+def _plain(value: Any) -> Any:
+    """A tensor (or a list of tensors, one per row) as lists; anything else as it is."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
 def row_json(index: int, row: dict[str, Any]) -> dict[str, Any]:
     """One row as plain JSON values (tensors as lists)."""
     out = {"row": index}
-    for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded"):
-        if key in row:
-            out[key] = row[key].tolist()
+    out.update({key: _plain(row[key]) for key in TENSOR_FIELDS if key in row})
     for key in ("max_seqlen", "sample_keys", "truncated", "dropped_conversations", "is_padding"):
         if key in row:
             out[key] = row[key]
     out["num_valid_tokens"] = int(row["loss_mask"].sum().item())
     return out
+
+
+def batch_json(index: int, batch: Any) -> dict[str, Any]:
+    """One ``PackedBatch`` as plain JSON values: its rows' tensors as nested lists, and one entry
+    per media item (its span, with the row it is in)."""
+    return {"batch": index, "sample_keys": batch.sample_keys,
+            **{key: _plain(getattr(batch, key)) for key in TENSOR_FIELDS}, "is_padding": batch.is_padding,
+            "media": [{"row": r, **span} for r, spans in enumerate(batch.media_spans) for span in spans]}
 
 
 def _runs(flags: list[bool]) -> Iterable[tuple[int, int, bool]]:
