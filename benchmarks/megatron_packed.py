@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
+    from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
 
     tok = AutoTokenizer.from_pretrained(str(C.qwen_tokenizer_dir()), local_files_only=True)
     pad_token = None if tok.get_vocab().get("<unk>") is not None else "<|endoftext|>"

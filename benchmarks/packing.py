@@ -75,7 +75,7 @@ def online(args) -> int:
     winner = max(at256, key=at256.get)
 
     # the second budget: vision patches per pack
-    from energon_nemotron.packing.refine import minimum_bin_slack
+    from energon_nemotron.packing import minimum_bin_slack
 
     balance = {}
     for label, kwargs in (("tokens only", {}), (f"+ {PATCH_BUDGET} patches", {"secondary": None})):
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     C.limit_threads()
     import numpy as np
 
-    from energon_nemotron.packing.algorithms import best_fit_decreasing, fill_ratio, first_fit_decreasing
+    from energon_nemotron.packing import best_fit_decreasing, fill_ratio, first_fit_decreasing
 
     lengths = lognormal_lengths(n, np)
     total = int(np.minimum(lengths, CAPACITY).sum())

@@ -163,8 +163,8 @@ def main(argv=None) -> int:
 
     C.limit_threads()
     from energon_nemotron.loading import build_train_loader
-    from energon_nemotron.tokenization.conversation import ConversationTokenizer
-    from energon_nemotron.tokenization.loading import load_tokenizer
+    from energon_nemotron.tokenization import ConversationTokenizer
+    from energon_nemotron.tokenization import load_tokenizer
     from energon_nemotron.types import Message
 
     t = time.perf_counter()

@@ -1,6 +1,54 @@
-"""energon-nemotron: raw multimodal SFT data to packed Megatron batches for Nemotron models."""
+"""energon-nemotron: raw multimodal SFT data to packed Megatron batches for Nemotron models.
 
-from energon_nemotron.batch import IGNORE_INDEX, PackedBatch
+The public names of the package, importable from here. They are loaded on first use (PEP 562):
+importing any submodule imports this package first, so an eager façade would load the whole
+library, Energon's loaders included, for ``import energon_nemotron.errors``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from energon_nemotron.version import __version__
 
-__all__ = ["IGNORE_INDEX", "PackedBatch", "__version__"]
+#: public name -> the module that defines it
+_EXPORTS = {
+    # loading
+    "build_train_loader": "energon_nemotron.loading", "build_val_loader": "energon_nemotron.loading",
+    "build_task_encoder": "energon_nemotron.loading", "Loader": "energon_nemotron.loading",
+    # configuration and registries
+    "load_config": "energon_nemotron.config", "LoaderConfig": "energon_nemotron.config",
+    "COOKERS": "energon_nemotron.registry", "PACKERS": "energon_nemotron.registry",
+    "PROMPT_FORMATS": "energon_nemotron.registry", "TASK_ENCODERS": "energon_nemotron.registry",
+    "MEGATRON_PROMPT_FORMATS": "energon_nemotron.registry", "MODEL_PRESETS": "energon_nemotron.registry",
+    # the output type and its data
+    "PackedBatch": "energon_nemotron.batch", "IGNORE_INDEX": "energon_nemotron.batch",
+    "PackedTensor": "energon_nemotron.tensors", "DedupPackedTensor": "energon_nemotron.tensors",
+    "Conversation": "energon_nemotron.types", "Message": "energon_nemotron.types", "MediaRef": "energon_nemotron.types",
+    # errors
+    "DataError": "energon_nemotron.errors", "ConfigError": "energon_nemotron.errors",
+    "DatasetError": "energon_nemotron.errors", "MediaError": "energon_nemotron.errors",
+    "SkipLimitError": "energon_nemotron.errors",
+    # resume
+    "save_state_file": "energon_nemotron.resume", "load_state_file": "energon_nemotron.resume",
+    "merge_rank_states": "energon_nemotron.resume",
+    # the Megatron-LM prepacked path
+    "MegatronSFTPackedEncoder": "energon_nemotron.megatron_packed",
+    "MegatronSFTPackedDataset": "energon_nemotron.megatron_packed",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'energon_nemotron' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

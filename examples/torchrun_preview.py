@@ -48,7 +48,7 @@ def main() -> int:
 
     from energon_nemotron.loading import build_train_loader
     from energon_nemotron.parallel import partition_indices, slice_for_cp_rank
-    from energon_nemotron.parallel.broadcast import broadcast_packed_batch
+    from energon_nemotron.parallel import broadcast_packed_batch
 
     loader = iter(build_train_loader(args.config, dp_rank=dp_rank, dp_size=dp)) if tp_rank == 0 else None
     src = rank - tp_rank

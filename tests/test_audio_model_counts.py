@@ -13,8 +13,8 @@ import torch
 from transformers import ParakeetEncoder, ParakeetEncoderConfig
 
 from energon_nemotron.media.audio import AudioOptions, audio_metadata, plan_audio, process_audio
-from energon_nemotron.media.handlers import MediaHandlers
-from energon_nemotron.tokenization.loading import TextEncoder
+from energon_nemotron.media import MediaHandlers
+from energon_nemotron.tokenization import TextEncoder
 from energon_nemotron.types import MediaRef
 from media_corpus import SR, tone_wav
 from references.bridge import import_bridge_module

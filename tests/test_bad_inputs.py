@@ -16,9 +16,9 @@ from bad_inputs import (ALL_CODES, OPENAI_BAD, PREFORMATTED_BAD, TWICE_BAD, WDS_
                         decode_time_bad_jpeg)
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.errors import DataError
-from energon_nemotron.guards.policy import ErrorPolicy, skip_counter as skip_counter
+from energon_nemotron.guards import ErrorPolicy, skip_counter as skip_counter
 from energon_nemotron.loading import build_task_encoder
-from energon_nemotron.inspection.preview import run_preview
+from energon_nemotron.inspection import run_preview
 from energon_nemotron.registry import COOKERS
 
 OPTIONS = {"prompt_format": "nemotron6", "seq_length": 1024,

@@ -11,12 +11,11 @@ from pydantic import ValidationError
 from conftest import DEMO_TOKENIZER
 from energon_data import loader_yaml
 from energon_nemotron.demo.media import make_image, make_video
-from energon_nemotron.encoders.nemotron_multimodal import NemotronMultimodalOptions
+from energon_nemotron.encoders import NemotronMultimodalOptions
 from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.integrations.megatron_bridge import (BridgeBatchError, to_gpt_step_batch,
-                                                           to_nemotron_omni_step_batch)
+from energon_nemotron.integrations import BridgeBatchError, to_gpt_step_batch, to_nemotron_omni_step_batch
 from energon_nemotron.loading import build_task_encoder, build_train_loader
-from energon_nemotron.media.image import plan_image
+from energon_nemotron.media import plan_image
 from energon_nemotron.registry import COOKERS, MODEL_PRESETS
 
 

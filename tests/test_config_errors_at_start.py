@@ -21,7 +21,7 @@ from energon_nemotron.config import load_config
 from energon_nemotron.demo.datasets import multimodal_dataset, prepare, write_shards
 from energon_nemotron.demo.media import make_image
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.guards.policy import ErrorPolicy, skip_counter as skip_counter
+from energon_nemotron.guards import ErrorPolicy, skip_counter as skip_counter
 from energon_nemotron.loading import build_task_encoder, build_train_loader, build_val_loader
 from energon_nemotron.resume import load_state_file, save_state_file
 

@@ -28,7 +28,7 @@ import os
 
 from megatron.energon import basic_sample_keys, stateless
 
-from energon_nemotron.cookers.base import payload, register, sample_where, text_of
+from energon_nemotron.cookers import payload, register, sample_where, text_of
 from energon_nemotron.types import Conversation, Message
 
 
@@ -56,7 +56,7 @@ import json  # noqa: E402
 EXTRA = '''
 from megatron.energon import stateless
 
-from energon_nemotron.cookers.base import register
+from energon_nemotron.cookers import register
 
 
 def register_cookers():
@@ -174,7 +174,7 @@ BROKEN = {
                r"RuntimeError: boom at import"),
     "duplicate": ({"brokenplugin/__init__.py": '''
                    from megatron.energon import stateless
-                   from energon_nemotron.cookers.base import register
+                   from energon_nemotron.cookers import register
 
                    @register("granary_asr")
                    @stateless

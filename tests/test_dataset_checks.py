@@ -185,7 +185,7 @@ def test_subflavors_merge_as_energon_does(prepared, tmp_path):
 
 
 def test_declared_subflavor_keys_per_cooker():
-    from energon_nemotron.cookers.base import subflavor_keys
+    from energon_nemotron.cookers import subflavor_keys
     from energon_nemotron.cookers.subflavors import subflavor_problems
     from energon_nemotron.guards import Leaf
     from energon_nemotron.registry import COOKERS

@@ -12,7 +12,7 @@ import torch
 from energon_data import jsonl_dataset, loader_yaml, text_dataset
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.loading import build_train_loader
-from energon_nemotron.inspection.preview import run_preview
+from energon_nemotron.inspection import run_preview
 
 PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 16, "pad_multiple": 4, "max_sequences_per_bin": None}
 

@@ -12,7 +12,7 @@ from conftest import DEMO_TOKENIZER
 from energon_data import loader_yaml
 from energon_nemotron.demo.datasets import multimodal_dataset
 from energon_nemotron.loading import build_train_loader
-from energon_nemotron.inspection.preview import run_preview
+from energon_nemotron.inspection import run_preview
 
 PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 4, "max_sequences_per_bin": None}
 SMALL_MEDIA = {"image": {"min_patches": 64, "max_patches": 256},

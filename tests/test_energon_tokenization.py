@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.tokenization.conversation import ConversationTokenizer, NoTrainableTokensError
+from energon_nemotron.tokenization import ConversationTokenizer, NoTrainableTokensError
 from energon_nemotron.types import Message
 
 PIECES = list("abc XYZ .,!?\n\t") + ["é", "日本", "The", " the", "12", "  ", "\n\n", "<think>", "</think>"]

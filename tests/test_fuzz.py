@@ -86,7 +86,7 @@ def test_tokenization_invariants(fmt, preformatted, conv, last_only):
 @given(costs=st.lists(st.integers(1, 512), min_size=1, max_size=80), limit=st.one_of(st.none(), st.integers(1, 6)))
 def test_encoder_packs_every_sample_once_within_capacity(algorithm, costs, limit):
     from energon_nemotron.config import PackingConfig
-    from energon_nemotron.encoders.nemotron_multimodal import NemotronMultimodalTaskEncoder
+    from energon_nemotron.encoders import NemotronMultimodalTaskEncoder
     from energon_nemotron.types import EncodedSample
 
     enc = _encoder(algorithm, limit)
@@ -104,7 +104,7 @@ _ENC: dict = {}
 
 def _encoder(algorithm, limit):
     from energon_nemotron.config import PackingConfig
-    from energon_nemotron.encoders.nemotron_multimodal import NemotronMultimodalTaskEncoder
+    from energon_nemotron.encoders import NemotronMultimodalTaskEncoder
 
     if (algorithm, limit) not in _ENC:
         _ENC[algorithm, limit] = NemotronMultimodalTaskEncoder(

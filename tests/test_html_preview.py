@@ -14,7 +14,7 @@ import torch
 from energon_data import loader_yaml
 from energon_nemotron.demo.datasets import multimodal_dataset
 from energon_nemotron.inspection.html import mel_image, unpatchify
-from energon_nemotron.inspection.preview import run_preview
+from energon_nemotron.inspection import run_preview
 
 SMALL = {"image": {"min_patches": 64, "max_patches": 256},
          "video": {"target_patches": 64, "min_frames": 2, "max_frames": 4}}

@@ -20,7 +20,7 @@ from test_broadcast import join_gloo
 from energon_nemotron.demo.media import make_audio, make_image, make_video
 from energon_nemotron.loading import build_train_loader
 from energon_nemotron.media.handlers import payload_digest, provenance_key
-from energon_nemotron.media.image import plan_image
+from energon_nemotron.media import plan_image
 from energon_nemotron.tensors import PackedTensor
 from energon_nemotron.media.video import (VideoOptions, VideoPlan, plan_video, process_video, process_video_frames,
                                           video_metadata)

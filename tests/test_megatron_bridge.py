@@ -22,8 +22,7 @@ from conftest import DEMO_TOKENIZER
 from energon_data import loader_yaml
 from energon_nemotron.demo.datasets import multimodal_dataset, prepare, text_dataset, write_shards
 from energon_nemotron.demo.media import make_audio, make_image
-from energon_nemotron.integrations.megatron_bridge import (BridgeBatchError, to_gpt_step_batch,
-                                                           to_nemotron_omni_step_batch)
+from energon_nemotron.integrations import BridgeBatchError, to_gpt_step_batch, to_nemotron_omni_step_batch
 from energon_nemotron.loading import build_train_loader
 
 REPO = Path(__file__).resolve().parents[1]

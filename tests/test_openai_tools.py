@@ -19,7 +19,7 @@ from energon_nemotron.cookers.openai_messages import cook_openai_messages
 from energon_nemotron.demo.media import make_audio, make_image, make_video
 from energon_nemotron.errors import DataError
 from energon_nemotron.loading import build_train_loader
-from energon_nemotron.tokenization.conversation import ConversationTokenizer
+from energon_nemotron.tokenization import ConversationTokenizer
 from energon_nemotron.tokenization.formats import TokenizerTemplateFormat
 from energon_nemotron.types import Message, ToolCall
 

@@ -11,7 +11,7 @@ import pytest
 
 from energon_data import text_config
 from energon_nemotron.demo.datasets import text_dataset
-from energon_nemotron.packing.distinct import BufferOverDataWarning
+from energon_nemotron.packing import BufferOverDataWarning
 from energon_nemotron.loading import build_train_loader
 
 
@@ -64,7 +64,7 @@ def test_a_buffer_within_the_share_is_not_warned_about(tiny):
 def test_separate_repeats_keeps_every_item_once_within_budgets():
     import random
 
-    from energon_nemotron.packing.distinct import separate_repeats
+    from energon_nemotron.packing import separate_repeats
     from energon_nemotron.registry import PACKERS
 
     rng = random.Random(0)

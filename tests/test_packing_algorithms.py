@@ -10,13 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_nemotron.packing.algorithms import (
-    balanced_greedy_knapsack,
-    best_fit_decreasing,
-    fill_ratio,
-    first_fit_decreasing,
-    first_fit_shuffle,
-)
+from energon_nemotron.packing import balanced_greedy_knapsack, best_fit_decreasing, fill_ratio, first_fit_decreasing, first_fit_shuffle
 from energon_nemotron.registry import PACKERS
 
 ALL_PACKERS = ["balanced_greedy_knapsack", "best_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle",

@@ -15,7 +15,7 @@ from conftest import REPO
 from energon_data import loader_yaml, text_dataset
 from energon_nemotron.loading import build_train_loader, build_val_loader
 from energon_nemotron.parallel import mtp_targets, packed_seq_params, partition_indices, roll_targets, slice_for_cp_rank
-from energon_nemotron.inspection.preview import run_preview
+from energon_nemotron.inspection import run_preview
 
 PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 1, "max_sequences_per_bin": None}
 

@@ -207,7 +207,7 @@ def test_without_declarations_the_first_audio_item_still_stops_the_run(toks, tmp
 
 
 def test_the_cookers_declare_their_modalities():
-    from energon_nemotron.cookers.base import cooker_info
+    from energon_nemotron.cookers import cooker_info
     from energon_nemotron.types import MODALITIES
 
     asr = cooker_info("granary_asr")
@@ -217,7 +217,7 @@ def test_the_cookers_declare_their_modalities():
 
 
 def test_register_checks_its_declarations():
-    from energon_nemotron.cookers.base import register
+    from energon_nemotron.cookers import register
 
     with pytest.raises(ConfigError, match=r"cooker 'x': unknown modality 'sound'"):
         register("x", modalities=("sound",))

@@ -16,7 +16,7 @@ from energon_nemotron.demo.media import make_image
 from energon_nemotron.errors import DataError
 from energon_nemotron.loading import build_train_loader
 from energon_nemotron.media.handlers import PLACEHOLDER_TOKENS
-from energon_nemotron.tokenization.conversation import ConversationTokenizer
+from energon_nemotron.tokenization import ConversationTokenizer
 from energon_nemotron.types import Message
 
 OPTIONS = {"prompt_format": "nemotron6", "seq_length": 1024, "image": {"min_patches": 64, "max_patches": 256}}

@@ -17,7 +17,7 @@ from conftest import DEMO_TOKENIZER
 from energon_nemotron.demo.datasets import multimodal_dataset
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.loading import build_train_loader
-from energon_nemotron.resume.codec import decode_state, encode_state
+from energon_nemotron.resume import decode_state, encode_state
 from energon_nemotron.resume import load_state_file, save_state_file
 
 K, M = 3, 3
@@ -99,7 +99,7 @@ def test_restore_under_a_different_configuration_fails_with_a_diff(media_root, c
         c = cfg(media_root, 0)
         c["data"]["train"]["path"] = str(media_root / "other")
         fp = fingerprint(load_config(c), "train", True)
-        from energon_nemotron.resume.fingerprint import check_fingerprint
+        from energon_nemotron.resume import check_fingerprint
 
         with pytest.raises(ConfigError, match=r"  train: saved .* != now"):
             check_fingerprint(state["fingerprint"], fp)
@@ -213,7 +213,7 @@ def test_resume_restores_samples_prepared_but_not_yet_tokenized(media_root, monk
     ``postencode_sample`` tokenizes them: the resumed batches are still bit-identical."""
     import functools
 
-    from energon_nemotron.encoders.nemotron_multimodal import NemotronMultimodalTaskEncoder as Encoder
+    from energon_nemotron.encoders import NemotronMultimodalTaskEncoder as Encoder
 
     seen = []
     original = Encoder.postencode_sample

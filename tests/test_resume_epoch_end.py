@@ -121,7 +121,7 @@ def test_a_worker_that_has_delivered_nothing_resumes_from_its_start(data):
     starting when the first batch arrives) is answered by Energon with its placeholder checkpoint,
     "initial state, then skip one sample": restored as is, that worker's first batch is lost. The
     loader settles such a worker to where it started."""
-    from energon_nemotron.resume.codec import encode_state
+    from energon_nemotron.resume import encode_state
     from energon_nemotron.resume.worker_checkpoints import settle
 
     config = cfg(data, "a", 2, True)

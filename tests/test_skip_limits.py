@@ -206,7 +206,7 @@ def test_preview_on_an_all_bad_dataset_ends_promptly(data, tmp_path, path):
 
 def test_window_counts_a_decode_time_failure_once():
     """``SkipTally``: a sample read, then dropped at decode time, turns its read into a skip."""
-    from energon_nemotron.guards.policy import skip_counter as skip_counter
+    from energon_nemotron.guards import skip_counter as skip_counter
 
     tally = skip_counter()
     tally.set_limits(None, None)

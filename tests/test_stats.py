@@ -99,8 +99,8 @@ def run_json(*args: str, capsys) -> dict:
 @pytest.fixture(scope="module")
 def single(corpus):
     """The single-process result (CLI JSON), with phase 2 made impossible: nothing may be decoded."""
-    from energon_nemotron.media.handlers import MediaHandlers
-    from energon_nemotron.stats.run import run_stats
+    from energon_nemotron.media import MediaHandlers
+    from energon_nemotron.stats import run_stats
 
     def no_decode(*args, **kwargs):
         raise AssertionError("stats decoded a media item (phase 2)")
@@ -214,7 +214,7 @@ def check_block(block: dict, rows: list[dict]) -> None:
 
 def direct_packing(rows: list[dict]) -> tuple[int, float]:
     """(packs, fill) of the packer run directly over consecutive buffers of the costs."""
-    from energon_nemotron.packing.algorithms import fill_ratio
+    from energon_nemotron.packing import fill_ratio
     from energon_nemotron.registry import PACKERS
 
     packer = PACKERS.get(PACKING["algorithm"])

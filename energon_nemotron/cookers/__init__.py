@@ -5,9 +5,11 @@ metadataset); ``build_cookers`` turns the registry into Energon ``Cooker``s. Imp
 installs the nesting limit on Energon's JSONL line parsing (``guards.jsonl_guard``).
 """
 
+from energon_nemotron.cookers.base import (CookerInfo, build_cookers, cooker_info, describe_cooker, payload, register,
+                                           sample_where, subflavor_keys, text_of)
 from energon_nemotron.guards import jsonl_guard
-from energon_nemotron.cookers.base import build_cookers, sample_where
 
 jsonl_guard.install()
 
-__all__ = ["build_cookers", "sample_where"]
+__all__ = ["register", "build_cookers", "cooker_info", "describe_cooker", "CookerInfo", "subflavor_keys", "payload",
+           "text_of", "sample_where"]

@@ -1,0 +1,12 @@
+"""Packing: pure algorithms on lengths (``algorithms``, ``refine``), repeats kept apart
+(``distinct``), and encoded sources assembled into rows and batches (``assemble``)."""
+
+from energon_nemotron.packing.algorithms import (balanced_greedy_knapsack, best_fit_decreasing, fill_ratio,
+                                                 first_fit_decreasing, first_fit_shuffle)
+from energon_nemotron.packing.assemble import assemble_row, batch_rows, round_up
+from energon_nemotron.packing.distinct import BufferOverDataWarning, separate_repeats
+from energon_nemotron.packing.refine import minimum_bin_slack
+
+__all__ = ["first_fit_decreasing", "best_fit_decreasing", "first_fit_shuffle", "balanced_greedy_knapsack",
+           "minimum_bin_slack", "fill_ratio", "separate_repeats", "BufferOverDataWarning", "assemble_row",
+           "batch_rows", "round_up"]
