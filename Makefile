@@ -31,7 +31,7 @@ COMPAT_IN_TEST := tests/test_energon_tokenization.py tests/test_cookers.py tests
     tests/test_megatron_parity.py tests/test_assemble.py tests/test_bridge_presets.py tests/test_megatron_bridge.py \
     tests/test_openai_tools.py
 
-.PHONY: install references demo test test-fast test-slow test-compat bench bench-quick clean
+.PHONY: install references demo lint test test-fast test-slow test-compat bench bench-quick clean
 
 install: $(STAMP)
 
@@ -67,11 +67,17 @@ $(MCORE_STAMP): | $(STAMP)
 demo: install
 	$(BIN)/energon-nemotron demo
 
+# The layers of the package (import-linter contracts in pyproject.toml; tests/test_layout.py finds
+# cycles inside a layer) and the size rule of its functions (ruff: <= 60 statements, <= 8 parameters).
+lint: install
+	$(BIN)/lint-imports
+	$(BIN)/ruff check energon_nemotron
+
 # The default run (not slow), then the slow tests; two pytest processes, each taking whole files
 # (the tests wait on worker processes much of the time, so two share the machine's cores well).
 PYTEST_PARALLEL ?= -n 2 --dist loadfile
 PYTEST_REPORT ?= --durations=15
-test: install references
+test: install references lint
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_REPORT)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_PARALLEL) $(PYTEST_REPORT)
 	$(MAKE) test-compat COMPAT_TESTS="$(COMPAT_IN_TEST)"

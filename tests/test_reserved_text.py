@@ -15,7 +15,7 @@ from energon_nemotron.demo.datasets import prepare, write_shards
 from energon_nemotron.demo.media import make_image
 from energon_nemotron.errors import DataError
 from energon_nemotron.loading import build_train_loader
-from energon_nemotron.media.handlers import PLACEHOLDER_TOKENS
+from energon_nemotron.tokenization.reserved import PLACEHOLDER_TOKENS
 from energon_nemotron.tokenization import ConversationTokenizer
 from energon_nemotron.types import Message
 

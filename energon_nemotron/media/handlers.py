@@ -33,10 +33,9 @@ import torch
 
 from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.telemetry import SharedCounter
+from energon_nemotron.tokenization.reserved import PLACEHOLDER_TOKENS
 from energon_nemotron.types import MediaRef
 
-#: placeholder token strings that must be single tokens of the tokenizer (and never appear in text)
-PLACEHOLDER_TOKENS = ("<img>", "</img>", "<image>", "<so_start>", "<so_embedding>", "<so_end>")
 #: the placeholder tokens the items of each modality are spliced with
 MODALITY_TOKENS = {"image": ("<img>", "<image>", "</img>"), "video": ("<img>", "<image>", "</img>"),
                    "audio": ("<so_start>", "<so_embedding>", "<so_end>")}

@@ -18,7 +18,8 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from energon_nemotron.media.handlers import PLACEHOLDER_TOKENS
+#: placeholder token strings that must be single tokens of the tokenizer (and never appear in text)
+PLACEHOLDER_TOKENS = ("<img>", "</img>", "<image>", "<so_start>", "<so_embedding>", "<so_end>")
 
 __all__ = ["PLACEHOLDER_TOKENS", "ReservedTokens"]
 
