@@ -9,6 +9,12 @@ arguments, that registers its components when loaded (importing the module; call
 unless it is itself a registered component). The group is read once, lazily, on the first lookup;
 a broken entry point is a ``ConfigError`` naming its distribution. Nothing is imported from a path
 written in a config.
+
+The library's own components are registered by the modules each registry lists by name (its
+``builtins``), imported on the first lookup: a registry knows the whole package at run time
+although no import statement says so, and the import graph (``make lint``) does not see these
+links. That is how the core reaches the consumer adapters' batch outputs (``BATCH_OUTPUTS``)
+while ``integrations/`` stays a leaf.
 """
 
 from __future__ import annotations
@@ -141,7 +147,8 @@ def _module_origin(obj: object) -> str:
     return BUILT_IN if module.split(".")[0] == "energon_nemotron" else f"module {module or '?'}"
 
 
-#: Packing algorithms: ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``.
+#: Packing algorithms: ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``
+#: (the protocol and the second budget: ``packing.spec``).
 PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms",
                                                    "energon_nemotron.packing.refine"])
 #: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
@@ -160,3 +167,8 @@ MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format",
 
 #: Model presets: ``name -> encoders.presets.ModelPreset`` (the media layout a consumer model needs).
 MODEL_PRESETS: Registry = Registry("model preset", ["energon_nemotron.encoders.presets"])
+#: What the task encoder's ``batch`` yields besides a ``PackedBatch`` (``task_encoder.options.output``):
+#: ``name -> encoders.outputs.BatchOutput``. The built-in ones are the consumer adapters'
+#: (``integrations/``), registered by module name: the one link from the core to ``integrations/``,
+#: made at run time on the first lookup, never by an import.
+BATCH_OUTPUTS: Registry = Registry("batch output", ["energon_nemotron.integrations.bridge_outputs"])

@@ -79,7 +79,7 @@ def test_each_class_raises_naming_key_and_reason(corpus, key, members, code, sub
     """The same stages Energon runs (cooker, phase 1, phase 2) under the ``raise`` policy."""
     root, mix, _ = corpus
     enc = build_task_encoder(config(root, mix, "raise", name="direct.yaml"))
-    policy = ErrorPolicy("raise", enc.skipped_counts)
+    policy = ErrorPolicy("raise", enc.counters.skipped)
     sample = crude(key, members, subflavors)
     with pytest.raises(DataError) as err:
         try:

@@ -7,20 +7,24 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from energon_nemotron.config import StrictModel
+from energon_nemotron.config import StrictModel, check_dataclass_values
+from energon_nemotron.encoders.presets import preset
 from energon_nemotron.errors import ConfigError
+from energon_nemotron.media.audio import AudioOptions
+from energon_nemotron.media.image import ImageOptions
+from energon_nemotron.media.video import VideoOptions
+from energon_nemotron.registry import PROMPT_FORMATS
+
+#: the options dataclass of each media kind
+MEDIA_OPTIONS = {"image": ImageOptions, "video": VideoOptions, "audio": AudioOptions}
 
 
 def media_options(kind: str, values: dict):
-    """The options dataclass of a media kind (``media.image.ImageOptions`` etc.) from a dict; a
+    """The options dataclass of a media kind (:data:`MEDIA_OPTIONS`) from a dict; a
     ``ConfigError`` naming ``task_encoder.options.{kind}.FIELD`` for an unknown key, a wrongly typed
     value (checked against the dataclass's annotations) or a value out of range."""
-    import importlib
-
-    from energon_nemotron.config import check_dataclass_values
-
     where = f"task_encoder.options.{kind}"
-    cls = getattr(importlib.import_module(f"energon_nemotron.media.{kind}"), f"{kind.capitalize()}Options")
+    cls = MEDIA_OPTIONS[kind]
     check_dataclass_values(cls, values, where)
     try:
         return cls(**values)
@@ -67,16 +71,12 @@ class NemotronMultimodalOptions(StrictModel):
     @property
     def temporal_patch_dim(self) -> int:
         """The Bridge model provider's ``temporal_patch_dim`` this configuration serves (1 without a preset)."""
-        from energon_nemotron.encoders.presets import preset
-
         return preset(self.preset).temporal_patch_dim if self.preset else 1
 
     @model_validator(mode="after")
     def _preset(self) -> "NemotronMultimodalOptions":
         if self.preset is None:
             return self
-        from energon_nemotron.encoders.presets import preset
-
         p = preset(self.preset)
         self.image = p.apply(self.preset, "image", self.image)
         self.video = p.apply(self.preset, "video", self.video)
@@ -93,8 +93,6 @@ class NemotronMultimodalOptions(StrictModel):
 
     @model_validator(mode="after")
     def _known_format(self) -> "NemotronMultimodalOptions":
-        from energon_nemotron.registry import PROMPT_FORMATS
-
         if self.prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt_format {self.prompt_format!r}; known: {', '.join(PROMPT_FORMATS.names())}")
         return self

@@ -8,11 +8,11 @@ skips (``skip_limits``).
 """
 
 from energon_nemotron.guards.json_safety import MAX_JSON_DEPTH, check_json_text, check_strings, parse_json
-from energon_nemotron.guards.policy import ErrorPolicy, failure_text, skip_counter
+from energon_nemotron.guards.policy import ErrorPolicy, SampleErrorHandler, failure_text, skip_counter
 from energon_nemotron.guards.shards import guard_reads, leaf_problems
 from energon_nemotron.guards.skip_limits import SkipTally, apply_limits, record_pass, record_skip
 from energon_nemotron.guards.source_tree import Leaf, Tree, stream_digests, walk
 
-__all__ = ["ErrorPolicy", "skip_counter", "failure_text", "SkipTally", "apply_limits", "record_pass", "record_skip",
+__all__ = ["ErrorPolicy", "SampleErrorHandler", "skip_counter", "failure_text", "SkipTally", "apply_limits", "record_pass", "record_skip",
            "MAX_JSON_DEPTH", "check_json_text", "check_strings", "parse_json", "guard_reads", "leaf_problems", "Leaf",
            "Tree", "walk", "stream_digests"]

@@ -16,7 +16,7 @@ from energon_nemotron.types import EncodedSample, PackedRow
 #: the longest ``where: why`` text a skip message quotes
 MESSAGE_CHARS = 300
 
-__all__ = ["ErrorPolicy", "skip_counter", "failure_text", "MESSAGE_CHARS"]
+__all__ = ["ErrorPolicy", "SampleErrorHandler", "skip_counter", "failure_text", "MESSAGE_CHARS"]
 
 
 def skip_counter(num_workers: int = 0) -> SkipTally:
@@ -26,26 +26,39 @@ def skip_counter(num_workers: int = 0) -> SkipTally:
     return SkipTally(CODES, num_workers)
 
 
-class ErrorPolicy:
-    """Energon's ``global_error_handler`` for ``loader.on_error``.
+class SampleErrorHandler:
+    """An Energon ``global_error_handler`` of this library (:class:`ErrorPolicy`, or a reader's own:
+    ``stats``): while one exists, Energon's own per-error prints are silenced
+    (``skip_limits.quiet_energon_error_prints``), in every worker it is copied into. A task
+    encoder that runs under another loader installs its :class:`ErrorPolicy` where the worker
+    config holds none of these."""
 
-    ``raise``: every error becomes a ``DataError`` naming the sample and propagates (the default:
-    fail closed). ``skip``: the sample is dropped and counted by ``error_code`` in ``counts`` (a
-    :func:`skip_counter`), so nothing disappears uncounted; the counter's skip limits may stop
-    the run (``SkipLimitError``). Energon's own per-error prints are silenced while a policy exists
-    (``skip_limits.quiet_energon_error_prints``); the policy is copied into every worker.
-    """
-
-    def __init__(self, mode: str, counts) -> None:
-        if mode not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {mode!r}")
-        self.mode = mode
-        self.counts = counts
+    def __init__(self) -> None:
         quiet_energon_error_prints()
 
     def __setstate__(self, state: dict) -> None:          # unpickled in a spawned worker
         self.__dict__.update(state)
         quiet_energon_error_prints()
+
+    def __call__(self, exc: Exception, sample: object = None, sources: object = None) -> None:
+        raise NotImplementedError
+
+
+class ErrorPolicy(SampleErrorHandler):
+    """Energon's ``global_error_handler`` for ``loader.on_error``.
+
+    ``raise``: every error becomes a ``DataError`` naming the sample and propagates (the default:
+    fail closed). ``skip``: the sample is dropped and counted by ``error_code`` in ``counts`` (a
+    :func:`skip_counter`), so nothing disappears uncounted; the counter's skip limits may stop
+    the run (``SkipLimitError``). The policy is copied into every worker.
+    """
+
+    def __init__(self, mode: str, counts) -> None:
+        if mode not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {mode!r}")
+        super().__init__()
+        self.mode = mode
+        self.counts = counts
 
     def __call__(self, exc: Exception, sample: object = None, sources: object = None) -> None:
         if isinstance(exc, ConfigError):

@@ -215,7 +215,3 @@ def to_gpt_step_batch(batch: PackedBatch, row: int = 0) -> dict[str, Any]:
     }
     out.update(_boundaries(batch, row, mtp_safe=True))
     return out
-
-
-#: output name (task-encoder option ``output``) → converter of one row
-STEP_BATCHES = {"nemotron_omni_step": to_nemotron_omni_step_batch, "gpt_step": to_gpt_step_batch}

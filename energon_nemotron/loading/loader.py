@@ -23,15 +23,16 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 from pydantic import ValidationError
 
+from energon_nemotron._energon import is_no_cooker_error, is_weighted_blend_error
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, format_validation_error, load_config
-from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS
+from energon_nemotron.encoders.outputs import PACKED_BATCH
+from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.guards.policy import ErrorPolicy, skip_counter
 from energon_nemotron.guards.shards import guard_reads
 from energon_nemotron.guards.skip_limits import apply_limits
 from energon_nemotron.loading.preflight import check_media_roots, check_source, check_source_path
 from energon_nemotron.loading.stats import LoaderStats
-from energon_nemotron.media.handlers import MEDIA_COUNTERS
 from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, collate_rows, encoder_from
 from energon_nemotron.registry import TASK_ENCODERS
 from energon_nemotron.resume.checks import restore_energon, rows_position, state_parts
@@ -39,7 +40,6 @@ from energon_nemotron.resume.codec import encode_state
 from energon_nemotron.resume.elastic import RecentBatches, install_filters, rank_record, rank_skipped, start_elastic
 from energon_nemotron.resume.fingerprint import check_fingerprint, fingerprint
 from energon_nemotron.resume.worker_checkpoints import settle, start_point
-from energon_nemotron.telemetry import SharedCounter
 
 ConfigLike = Union[LoaderConfig, str, Path, dict]
 
@@ -49,38 +49,42 @@ def as_config(config: ConfigLike) -> LoaderConfig:
     return config if isinstance(config, LoaderConfig) else load_config(config)
 
 
-def build_task_encoder(config: ConfigLike, subclass: Optional[Callable[[type], type]] = None):
+def build_task_encoder(config: ConfigLike, subclass: Optional[Callable[[type], type]] = None,
+                       runtime: Optional[Runtime] = None):
     """The configured task encoder; its ``options`` are validated by the encoder's own model.
     ``subclass``: builds the class to instantiate from the registered one (e.g. the phase-1 reader
-    of ``stats``), so it is constructed exactly as the loader constructs it."""
+    of ``stats``), so it is constructed exactly as the loader constructs it; ``runtime``: how it is
+    run (``encoders.runtime.Runtime``: counters, failure tolerance; the defaults: single-process
+    counters, Energon's tolerance)."""
     cfg = as_config(config)
     try:
         cls = TASK_ENCODERS.get(cfg.task_encoder.name)
     except KeyError as e:
         raise ConfigError(f"task_encoder.name: {e.args[0]}") from None
-
     try:
         options = cls.Options(**cfg.task_encoder.options)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, "task_encoder.options")) from None
     check_media_roots(cfg.data)
-    roots = {"media_roots": cfg.data.media_roots} if cfg.data.media_roots else {}
+    extra = {"media_roots": cfg.data.media_roots} if cfg.data.media_roots else {}
+    if runtime is not None:
+        extra["runtime"] = runtime
     if subclass is not None:
         cls = subclass(cls)
     return cls(cfg.tokenizer, options, packing=cfg.packing, default_cooker=cfg.data.default_cooker,
-               seed=cfg.loader.seed, **roots)
+               seed=cfg.loader.seed, **extra)
 
 
-def _worker_config(cfg: LoaderConfig, encoder: Any):
+def _worker_config(cfg: LoaderConfig, skips: Any):
     from megatron.energon import WorkerConfig
 
-    apply_limits(encoder.skipped_counts, cfg.loader)
-    policy = ErrorPolicy(cfg.loader.on_error, encoder.skipped_counts)
+    apply_limits(skips, cfg.loader)
+    policy = ErrorPolicy(cfg.loader.on_error, skips)
     return WorkerConfig(rank=cfg.loader.dp_rank, world_size=cfg.loader.dp_size, num_workers=cfg.loader.num_workers,
                         seed_offset=cfg.loader.seed, global_error_handler=policy)
 
 
-def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, skips: SharedCounter) -> Iterable:
+def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, skips: Any) -> Iterable:
     encoder = encoder_from(cfg.tokenizer, src)
     apply_limits(skips, cfg.loader)
     # training rows: a full per-epoch permutation whenever a shuffle buffer is set; validation: file order
@@ -95,21 +99,18 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, s
 
 
 def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, repeat: bool,
-                    skips: SharedCounter, decodes: SharedCounter, lookups: SharedCounter) -> Iterable:
+                    counters: EncoderCounters) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
     check_source(src.path, src.split, cfg.data.default_cooker)   # tree, subflavors, shards against indexes
-    encoder = build_task_encoder(cfg)
-    if encoder.options.output != "packed_batch":
+    # skipping never turns into a fatal error (the skip limits stop a run that only skips)
+    runtime = Runtime(counters, failure_tolerance=0 if cfg.loader.on_error == "skip" else None)
+    encoder = build_task_encoder(cfg, runtime=runtime)
+    if encoder.options.output != PACKED_BATCH:
         raise ConfigError(f"task_encoder.options.output {encoder.options.output!r} makes the encoder yield "
                           "Megatron-Bridge step dicts, for Bridge's own Energon data module; this loader yields "
                           "PackedBatch (convert with energon_nemotron.integrations.megatron_bridge)")
-    encoder.skipped_counts = skips
-    encoder.media.decodes = decodes
-    encoder.media_lookups = lookups
-    if cfg.loader.on_error == "skip":
-        encoder.__default_failure_tolerance__ = 0      # skipping never turns into a fatal error
-    common = dict(worker_config=_worker_config(cfg, encoder), batch_size=cfg.loader.batch_size,
+    common = dict(worker_config=_worker_config(cfg, counters.skipped), batch_size=cfg.loader.batch_size,
                   task_encoder=encoder, packing_buffer_size=cfg.packing.buffer_size if cfg.packing else None)
     try:
         if validation:
@@ -119,12 +120,12 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                                         shuffle_buffer_size=cfg.loader.shuffle_buffer_size,
                                         max_samples_per_sequence=None, **common)
     except AssertionError as e:
-        if "Cannot blend with dataset weights" in str(e):
+        if is_weighted_blend_error(e):
             raise ConfigError(f"{src.path}: a weighted blend has no epoch, so it cannot be read once; use "
                               "blend_epochized in the metadataset, or read a number of batches") from None
         raise
     except ValueError as e:
-        if "No cooker found" in str(e):
+        if is_no_cooker_error(e):
             raise ConfigError(f"{src.path}: the dataset's subflavors name no registered cooker ({e}); set "
                               "subflavors: {cooker: NAME} in its .nv-meta/dataset.yaml or metadataset, or "
                               "data.default_cooker in the loader config") from None
@@ -157,15 +158,15 @@ def build_loader(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
         raise ConfigError("data.validation is not set")
     check_source_path(src, "data.validation" if validation else "data.train")
     fp = fingerprint(cfg, "validation" if validation else "train", repeat)
-    skips = skip_counter(cfg.loader.num_workers)
     if isinstance(src, MegatronSource):
+        skips = skip_counter(cfg.loader.num_workers)
         inner = _megatron_loader(cfg, src, validation, skips)
         stats = LoaderStats(skips, None, pad_id=inner.dataset.encoder.pad_id, log_every=cfg.loader.log_every)
         return Loader(inner, fp, stats, rows=True)
-    decodes = SharedCounter(MEDIA_COUNTERS, cfg.loader.num_workers)
-    lookups = SharedCounter(LOOKUP_COUNTERS, cfg.loader.num_workers)
-    inner = _energon_loader(cfg, src, validation, repeat, skips, decodes, lookups)
-    loader = Loader(inner, fp, LoaderStats(skips, decodes, log_every=cfg.loader.log_every, lookups=lookups))
+    counters = EncoderCounters.for_workers(cfg.loader.num_workers)
+    inner = _energon_loader(cfg, src, validation, repeat, counters)
+    loader = Loader(inner, fp, LoaderStats(counters.skipped, counters.decodes, log_every=cfg.loader.log_every,
+                                           lookups=counters.lookups))
     loader.layout, loader.recent = (cfg, repeat), RecentBatches(cfg.loader.num_workers)
     return loader
 

@@ -30,7 +30,7 @@ from typing import Literal, Union
 import numpy as np
 import torch
 
-from ..errors import ConfigError, MediaError
+from energon_nemotron.errors import ConfigError, MediaError
 
 AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike]
 

@@ -6,7 +6,8 @@ from energon_nemotron.packing.algorithms import (balanced_greedy_knapsack, best_
 from energon_nemotron.packing.assemble import assemble_row, batch_rows, round_up
 from energon_nemotron.packing.distinct import BufferOverDataWarning, separate_repeats
 from energon_nemotron.packing.refine import minimum_bin_slack
+from energon_nemotron.packing.spec import Packer, TwoBudgetPacker, has_second_budget, register_packer
 
 __all__ = ["first_fit_decreasing", "best_fit_decreasing", "first_fit_shuffle", "balanced_greedy_knapsack",
            "minimum_bin_slack", "fill_ratio", "separate_repeats", "BufferOverDataWarning", "assemble_row",
-           "batch_rows", "round_up"]
+           "batch_rows", "round_up", "Packer", "TwoBudgetPacker", "register_packer", "has_second_budget"]

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from energon_nemotron.registry import PACKERS
+from energon_nemotron.packing.spec import register_packer
 
 
 def _validate(lengths: Sequence[int] | np.ndarray, capacity: int, k: int | None) -> np.ndarray:
@@ -167,7 +167,7 @@ def _best_fit_items(sizes: list[int], order: list[int], capacity: int, k: int | 
     return bins
 
 
-@PACKERS.register("first_fit_decreasing")
+@register_packer("first_fit_decreasing")
 def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int, *,
                          max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
     """First-fit-decreasing bins.
@@ -235,7 +235,7 @@ class _Buckets:
         return np.flatnonzero(self.count[size:]) + size
 
 
-@PACKERS.register("best_fit_decreasing")
+@register_packer("best_fit_decreasing")
 def best_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int, *,
                         max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
     """Best-fit-decreasing bins (same arguments and guarantees as :func:`first_fit_decreasing`)."""
@@ -276,7 +276,7 @@ def best_fit_decreasing(lengths: Sequence[int] | np.ndarray, capacity: int, *,
     return _bins_from_assignment(order, bin_of_sorted, n_bins)
 
 
-@PACKERS.register("first_fit_shuffle")
+@register_packer("first_fit_shuffle")
 def first_fit_shuffle(lengths: Sequence[int] | np.ndarray, capacity: int, *,
                       max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
     """First fit in a random order: the indices shuffled by ``random.Random(seed)``.
@@ -297,7 +297,7 @@ def first_fit_shuffle(lengths: Sequence[int] | np.ndarray, capacity: int, *,
     return _first_fit_items(sizes.tolist(), order, capacity, max_sequences_per_bin)
 
 
-@PACKERS.register("balanced_greedy_knapsack")
+@register_packer("balanced_greedy_knapsack")
 def balanced_greedy_knapsack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
                              max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
     """Balanced greedy knapsack: spread the items over the fewest bins that could hold them.

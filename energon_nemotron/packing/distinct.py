@@ -14,7 +14,7 @@ from typing import Hashable, Optional, Sequence
 
 
 def separate_repeats(bins: list[list[int]], ids: Sequence[Hashable], sizes: Sequence[int], capacity: int,
-                     max_items: Optional[int] = None, secondary: Optional[Sequence[int]] = None,
+                     max_sequences_per_bin: Optional[int] = None, secondary: Optional[Sequence[int]] = None,
                      secondary_capacity: Optional[int] = None) -> list[list[int]]:
     """``bins`` (item indices) with no two items of one bin sharing an id.
 
@@ -23,7 +23,7 @@ def separate_repeats(bins: list[list[int]], ids: Sequence[Hashable], sizes: Sequ
         ids: the source identity of each item (equal ids: the same sample read twice).
         sizes: each item's size (tokens), ≤ ``capacity``.
         capacity: the size budget of a bin.
-        max_items: the most items per bin, or None.
+        max_sequences_per_bin: the most items per bin, or None (the packers' name for it).
         secondary, secondary_capacity: an optional second size per item (e.g. vision patches) and
             its budget per bin, kept as well for the bins that receive a moved item.
 
@@ -53,7 +53,7 @@ def separate_repeats(bins: list[list[int]], ids: Sequence[Hashable], sizes: Sequ
     for i in moved:
         for k, b in enumerate(out):
             if ids[i] not in members[k] and used[k] + sizes[i] <= capacity and \
-                    (max_items is None or len(b) < max_items) and second_fits(b, i):
+                    (max_sequences_per_bin is None or len(b) < max_sequences_per_bin) and second_fits(b, i):
                 b.append(i)
                 members[k].add(ids[i])
                 used[k] += sizes[i]

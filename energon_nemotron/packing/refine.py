@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from energon_nemotron.packing.algorithms import _validate
-from energon_nemotron.registry import PACKERS
+from energon_nemotron.packing.spec import register_packer
 
 
 def best_subset(sizes: np.ndarray, room: int) -> list[int]:
@@ -55,7 +55,7 @@ def best_subset(sizes: np.ndarray, room: int) -> list[int]:
     return chosen
 
 
-@PACKERS.register("minimum_bin_slack")
+@register_packer("minimum_bin_slack", second_budget=True)
 def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
                       max_sequences_per_bin: Optional[int] = None, seed: int = 0,
                       secondary: Optional[Sequence[int]] = None,

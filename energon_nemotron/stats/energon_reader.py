@@ -24,22 +24,18 @@ import os
 import sys
 from typing import Any, Optional
 
-from megatron.energon import Sample, SkipSample, edataclass, stateless
+from megatron.energon import Sample, edataclass, stateless
 
 from energon_nemotron.config import EnergonSource, LoaderConfig
 from energon_nemotron.errors import ConfigError, error_code, sample_where
-from energon_nemotron.guards.policy import ErrorPolicy, failure_text
-from energon_nemotron.packing.assemble import round_up
+from energon_nemotron.encoders.over_length import OverLengthSkip
+from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
+from energon_nemotron.guards.policy import SampleErrorHandler, failure_text
+from energon_nemotron.guards.shards import guard_reads
+from energon_nemotron.loading import build_task_encoder, check_source
+from energon_nemotron.media.handlers import read_payload
 from energon_nemotron.stats.records import DatasetPart, SampleRecord, limited
 
-
-
-class _NoCount:
-    """A skip counter that counts nothing: the encoder's own over-length count (and the skip
-    limits it carries) are replaced by the records."""
-
-    def add(self, name: str, n: int = 1) -> None:
-        pass
 
 
 @edataclass
@@ -80,18 +76,16 @@ def failure_message(exc: BaseException, sample: Any, sources: Any = None) -> str
 
 def payload_bytes(ref: Any) -> int:
     """Bytes of a media item without decoding it: the payload's length, or its file's size."""
-    from energon_nemotron.media.handlers import read_payload
-
     payload = read_payload(ref)
     return len(payload) if isinstance(payload, bytes) else os.path.getsize(payload)
 
 
-class FailureLog(ErrorPolicy):
+class FailureLog(SampleErrorHandler):
     """Energon's error handler while collecting: every failing sample becomes a record with its
     reason code (``errors.error_code``); ``ConfigError`` is re-raised (never a sample's fault)."""
 
     def __init__(self) -> None:
-        super().__init__("skip", None)
+        super().__init__()
         self.records: list[SampleRecord] = []
 
     def __call__(self, exc: Exception, sample: object = None, sources: object = None) -> None:
@@ -109,40 +103,16 @@ class FailureLog(ErrorPolicy):
 @functools.lru_cache(maxsize=None)
 def phase1_class(base: type) -> type:
     """``base`` (a task encoder class of this library) as a phase-1-only reader: ``preencode_sample``
-    yields a :class:`Measured` record for every sample (read, or failed in phase 1), and
-    ``build_batch`` adds nothing after it (no ``postencode_sample``: nothing decoded; no packing, no
-    batching). ``build_task_encoder(cfg, subclass=phase1_class)`` builds it as the loader builds the encoder."""
+    yields a :class:`Measured` record for every sample (read, or failed in phase 1), composed of
+    the encoder's own parts (``prepare_sample``, ``finish_sources``, its ``over_length`` policy:
+    the length before the policy is recorded), and ``build_batch`` adds nothing after it (no
+    ``postencode_sample``: nothing decoded; no packing, no batching). :func:`stats_encoder` builds
+    it as the loader builds the encoder."""
 
     class Phase1(base):
-        __slots__ = ()
-
         @stateless
         def preencode_sample(self, sample: Any) -> Measured:
-            self._fitted = None
-            index, key = sample_index(sample), str(sample.__key__)
-            try:
-                encoded = super().preencode_sample(sample)
-            except SkipSample:                        # over_length: skip (the encoder's own policy)
-                length = self._fitted[0] if self._fitted else None
-                record = _dropped(self, index, key, sample, "over_length", f"{key}: sample takes {length} "
-                                  f"positions, more than seq_length={self.options.seq_length}")
-            except ConfigError:
-                raise
-            except Exception as e:
-                record = _dropped(self, index, key, sample, error_code(e), failure_message(e, sample))
-            else:
-                fitted = self._fitted or (int(encoded.cost), sum(len(s.tokens) for s in encoded.sources), None)
-                length, tokens, _ = fitted
-                record = SampleRecord(index, key, length=length, tokens=tokens, cost=int(encoded.cost),
-                                      patches=int(encoded.media_patches),
-                                      media=_media(encoded.media, encoded.media_plans))
-            return Measured.derive_from(sample, record=record)
-
-        def _fit(self, sources: list, key: str, planned: list) -> list:
-            """The encoder's over-length policy; the sample's length before it is kept for the record."""
-            length = sum(round_up(int(s.tokens.shape[0]), self.pad_multiple) for s in sources)
-            self._fitted = (length, sum(int(s.tokens.shape[0]) for s in sources), planned)
-            return super()._fit(sources, key, planned)
+            return Measured.derive_from(sample, record=_measure(self, sample))
 
         def build_batch(self, dataset: Any, **kwargs: Any) -> Any:
             return dataset
@@ -151,12 +121,35 @@ def phase1_class(base: type) -> type:
     return Phase1
 
 
-def _dropped(encoder: Any, index: Optional[int], key: str, sample: Any, code: str, message: str) -> SampleRecord:
-    """A sample phase 1 dropped; when it was tokenized (an over-length one), with its length and media."""
-    if encoder._fitted is None:
+def _measure(encoder: Any, sample: Any) -> SampleRecord:
+    """The record of one cooked sample: phase 1 of ``encoder`` up to the over-length policy."""
+    index, key = sample_index(sample), str(sample.__key__)
+    prepared = measured = None
+    try:
+        prepared = encoder.prepare_sample(sample)
+        sources = encoder.finish_sources(prepared, encoder.text.tokenize([prepared.pending.prepared])[0])
+        measured = encoder.over_length.measure(sources)
+        fitted = encoder.over_length.fit(sources, key, bool(prepared.media_plans))
+    except OverLengthSkip as e:                   # over_length: skip (the encoder's own policy)
+        message = f"{key}: sample takes {e.length} positions, more than seq_length={encoder.options.seq_length}"
+        return _dropped(index, key, "over_length", message, measured, prepared)
+    except ConfigError:
+        raise
+    except Exception as e:
+        return _dropped(index, key, error_code(e), failure_message(e, sample), measured, prepared)
+    return SampleRecord(index, key, length=fitted.length, tokens=fitted.tokens,
+                        cost=encoder.over_length.cost(fitted.sources), patches=int(prepared.media_patches),
+                        media=_media(prepared.media, prepared.media_plans))
+
+
+def _dropped(index: Optional[int], key: str, code: str, message: str, measured: Optional[tuple],
+             prepared: Any) -> SampleRecord:
+    """A sample phase 1 dropped; when it was tokenized (``measured``), with its length and media."""
+    if measured is None:
         return SampleRecord(index, key, code, message)
-    length, tokens, planned = encoder._fitted
-    return SampleRecord(index, key, code, message, length=length, tokens=tokens, media=_media(sample.media, planned))
+    length, tokens = measured
+    return SampleRecord(index, key, code, message, length=length, tokens=tokens,
+                        media=_media(prepared.media, prepared.media_plans))
 
 
 def _media(refs: list, plans: list) -> tuple:
@@ -165,15 +158,10 @@ def _media(refs: list, plans: list) -> tuple:
 
 def stats_encoder(cfg: LoaderConfig) -> Any:
     """The configured task encoder, built exactly as the loader builds it (``build_task_encoder``),
-    made a phase-1 reader (:func:`phase1_class`); its failures never turn fatal (Energon's failure
-    tolerance off) and its own skip counting is off (the records count)."""
-    from energon_nemotron.loading import build_task_encoder
-
-    encoder = build_task_encoder(cfg, subclass=phase1_class)
-    encoder.__default_failure_tolerance__ = 0
-    encoder.skipped_counts = _NoCount()
-    encoder._fitted = None
-    return encoder
+    made a phase-1 reader (:func:`phase1_class`): its failures never turn fatal (Energon's failure
+    tolerance 0), it counts nothing (the records count) and it tokenizes sample by sample."""
+    runtime = Runtime(EncoderCounters.silent(), failure_tolerance=0, tokenize_per_buffer=False)
+    return build_task_encoder(cfg, subclass=phase1_class, runtime=runtime)
 
 
 def dataset_info(loaded: Any, default_cooker: Optional[str]) -> dict:
@@ -197,9 +185,6 @@ def read_energon(cfg: LoaderConfig, src: EnergonSource, rank: int = 0, world: in
     from megatron.energon import WorkerConfig, load_dataset
     from megatron.energon.savable_loader import BasicDataLoader
     from tqdm import tqdm
-
-    from energon_nemotron.loading.preflight import check_source
-    from energon_nemotron.guards.shards import guard_reads
 
     check_source(Path(src.path), src.split, cfg.data.default_cooker)
     encoder = stats_encoder(cfg)

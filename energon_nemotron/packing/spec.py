@@ -1,0 +1,55 @@
+"""The packer protocol: what a function registered in ``registry.PACKERS`` takes and returns.
+
+A packer is ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``
+(:class:`Packer`; the guarantees are in ``packing.algorithms``). A packer that also keeps a second
+budget per bin (e.g. vision patches, ``packing.max_media_patches_per_pack``) takes ``secondary``
+(one size per item) and ``secondary_capacity`` too (:class:`TwoBudgetPacker`) and says so when it
+is registered: ``register_packer(name, second_budget=True)``. Nothing inspects a packer's
+signature; a packer registered without this function has one budget.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from energon_nemotron.registry import PACKERS
+
+__all__ = ["Packer", "TwoBudgetPacker", "register_packer", "has_second_budget", "second_budget_packers"]
+
+#: the attribute ``register_packer`` sets on a packer with a second budget
+SECOND_BUDGET = "second_budget"
+
+
+class Packer(Protocol):
+    def __call__(self, lengths: Sequence[int] | np.ndarray, capacity: int, *,
+                 max_sequences_per_bin: Optional[int] = None, seed: int = 0) -> list[list[int]]: ...
+
+
+class TwoBudgetPacker(Protocol):
+    def __call__(self, lengths: Sequence[int] | np.ndarray, capacity: int, *,
+                 max_sequences_per_bin: Optional[int] = None, seed: int = 0,
+                 secondary: Optional[Sequence[int]] = None,
+                 secondary_capacity: Optional[int] = None) -> list[list[int]]: ...
+
+
+def register_packer(name: str, *, second_budget: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: register a packer in ``registry.PACKERS`` under ``name``; ``second_budget``: it is
+    a :class:`TwoBudgetPacker`."""
+
+    def add(fn: Callable) -> Callable:
+        setattr(fn, SECOND_BUDGET, second_budget)
+        return PACKERS.register(name, fn)
+
+    return add
+
+
+def has_second_budget(packer: Callable) -> bool:
+    """Whether a registered packer keeps a second budget (declared by :func:`register_packer`)."""
+    return getattr(packer, SECOND_BUDGET, False) is True
+
+
+def second_budget_packers() -> list[str]:
+    """The registered packers with a second budget."""
+    return [n for n in PACKERS.names() if has_second_budget(PACKERS.get(n))]
