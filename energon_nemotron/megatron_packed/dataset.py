@@ -45,19 +45,6 @@ def _line_list(lines: list[int], limit: int = 20) -> str:
     return shown + (f", ... ({len(lines) - limit} more)" if len(lines) > limit else "")
 
 
-def parse_json_line(raw: bytes, where: str) -> Any:
-    """One JSONL line → object, checked by ``json_safety.parse_json``: invalid UTF-8 or JSON,
-    nesting over ``MAX_JSON_DEPTH`` (before parsing), a NUL character or lone surrogate in a string
-    are ``DataError``s naming ``where``."""
-    return parse_json(raw, where)
-
-
-def iter_jsonl(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(row index, line number, raw line) of every non-blank line, streamed."""
-    for row, _, line_no, raw in iter_rows([path]):
-        yield row, line_no, raw
-
-
 def iter_rows(paths: list[Path]) -> Iterator[tuple[int, int, int, bytes]]:
     """(row index, file index, line number, raw line) of every non-blank line of ``paths`` (their
     rows back to back), streamed."""
@@ -190,7 +177,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
     def _encode(self, raw: bytes, fi: int, line_no: int) -> dict[str, Any]:
         where = f"{self.files[fi]}:{line_no}"
         try:
-            return self.encoder.encode(parse_json_line(raw, where), where)
+            return self.encoder.encode(parse_json(raw, where), where)
         except DataError as e:
             raise e.located(where) from None
 
