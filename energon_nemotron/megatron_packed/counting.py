@@ -57,43 +57,82 @@ def _line_conversations(encoder: MegatronSFTPackedEncoder, raw: bytes) -> list[l
     return encoder.conversations(parse_json(raw, None), None)
 
 
+class _BlockCounter:
+    """The count of one block under way: lines are added in order; their conversations wait in
+    ``pending`` until ``flush`` tokenizes them (one native tokenizer call)."""
+
+    def __init__(self, block: Block, encoder: MegatronSFTPackedEncoder, on_error: str) -> None:
+        self.encoder = encoder
+        self.on_error = on_error
+        self.out = BlockCount(block.id, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32))
+        self.costs, self.offsets, self.index_in_line = array("q"), array("q"), array("i")
+        self.skipped: Counter = Counter()
+        self.pending: list[tuple[list[dict], int, int, int, bool]] = []  # conversation, line, index, offset, added
+
+    def error(self, line: int, ci: int, e: DataError) -> None:
+        self.skipped[e.code] += 1
+        if len(self.out.errors) < EXAMPLES:
+            self.out.errors.append((line, ci, e.code, e.reason))
+        if self.on_error == "raise":
+            self.out.stopped = True
+
+    def line(self, raw: bytes, start: int) -> None:
+        """A non-blank line (the block's ``out.lines``-th) starting at byte ``start`` of the file."""
+        out = self.out
+        out.rows += 1
+        try:
+            convs = _line_conversations(self.encoder, raw)
+        except DataError as e:
+            if self.on_error == "raise":
+                self.flush()                # an earlier conversation's error comes first
+                if out.stopped:
+                    return
+            self.error(out.lines, -1, e)
+            return
+        for ci, conv in enumerate(convs):
+            conv, added = with_system(conv)
+            self.pending.append((conv, out.lines, ci, start, added))
+
+    def flush(self) -> None:
+        """Tokenize the pending conversations: each one's cost is kept, or its error counted."""
+        out = self.out
+        if not self.pending or out.stopped:
+            return
+        pending = self.pending
+        results = self.encoder.conversation_costs_or_errors([p[0] for p in pending], [None] * len(pending))
+        for (_, line, ci, offset, added), cost in zip(pending, results):
+            if isinstance(cost, DataError):
+                self.error(line, ci, cost)
+                if out.stopped:
+                    break
+                continue
+            self.costs.append(cost)
+            self.offsets.append(offset)
+            self.index_in_line.append(ci)
+            out.added_system += added
+            if cost > self.encoder.seq_length:
+                out.oversized.append((line, ci))
+        pending.clear()
+
+    def result(self) -> BlockCount:
+        self.flush()
+        out = self.out
+        if self.costs:
+            out.costs = np.frombuffer(self.costs, dtype=np.int64).copy()
+            out.offsets = np.frombuffer(self.offsets, dtype=np.int64).copy()
+            out.index_in_line = np.frombuffer(self.index_in_line, dtype=np.int32).copy()
+        out.skipped = dict(self.skipped)
+        return out
+
+
 def count_block(block: Block, encoder: MegatronSFTPackedEncoder, on_error: str = "raise",
                 chunk: int = COUNT_CHUNK) -> BlockCount:
     """Count the conversations of ``block`` (see the module docstring). ``on_error``: ``raise``
     stops at the first error (recorded in ``errors``, ``stopped`` set); ``skip`` drops the line
     (unreadable or invalid messages) or the conversation (cannot be tokenized) and counts it by
-    ``DataError.code``."""
-    costs, offsets, index_in_line = array("q"), array("q"), array("i")
-    out = BlockCount(block.id, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32))
-    skipped: Counter = Counter()
-    pending: list[tuple[list[dict], int, int, int, bool]] = []     # conversation, line, index, offset, added
-    L = encoder.seq_length
-
-    def error(line: int, ci: int, e: DataError) -> None:
-        skipped[e.code] += 1
-        if len(out.errors) < EXAMPLES:
-            out.errors.append((line, ci, e.code, e.reason))
-        if on_error == "raise":
-            out.stopped = True
-
-    def flush() -> None:
-        if not pending or out.stopped:
-            return
-        results = encoder.conversation_costs_or_errors([p[0] for p in pending], [None] * len(pending))
-        for (_, line, ci, offset, added), cost in zip(pending, results):
-            if isinstance(cost, DataError):
-                error(line, ci, cost)
-                if out.stopped:
-                    break
-                continue
-            costs.append(cost)
-            offsets.append(offset)
-            index_in_line.append(ci)
-            out.added_system += added
-            if cost > L:
-                out.oversized.append((line, ci))
-        pending.clear()
-
+    ``DataError.code``. Conversations are tokenized ``chunk`` at a time."""
+    counter = _BlockCounter(block, encoder, on_error)
+    out = counter.out
     with open(block.path, "rb") as f:
         f.seek(block.start)
         position = block.start
@@ -103,29 +142,11 @@ def count_block(block: Block, encoder: MegatronSFTPackedEncoder, on_error: str =
                 break
             start, position = position, position + len(raw)
             out.lines += 1
-            if not raw.strip():
-                continue
-            out.rows += 1
-            try:
-                convs = _line_conversations(encoder, raw)
-            except DataError as e:
-                if on_error == "raise":
-                    flush()                 # an earlier conversation's error comes first
-                    if out.stopped:
-                        break
-                error(out.lines, -1, e)
-                continue
-            for ci, conv in enumerate(convs):
-                conv, added = with_system(conv)
-                pending.append((conv, out.lines, ci, start, added))
-            if len(pending) >= chunk:
-                flush()
-    flush()
-    out.costs = np.frombuffer(costs, dtype=np.int64).copy() if costs else out.costs
-    out.offsets = np.frombuffer(offsets, dtype=np.int64).copy() if offsets else out.offsets
-    out.index_in_line = np.frombuffer(index_in_line, dtype=np.int32).copy() if index_in_line else out.index_in_line
-    out.skipped = dict(skipped)
-    return out
+            if raw.strip():
+                counter.line(raw, start)
+                if len(counter.pending) >= chunk:
+                    counter.flush()
+    return counter.result()
 
 
 @dataclass
