@@ -20,10 +20,11 @@ one; it shuts down only a cluster it started itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -43,14 +44,47 @@ MAX_BLOCK = 64 << 20
 QUIET_ENV = {"RAY_BACKEND_LOG_LEVEL": "fatal", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 
 
-def _import_ray():
+def import_ray(data: bool = True) -> Any:
+    """The ``ray`` module (with Ray Data when ``data``); a ``ConfigError`` saying what to install
+    when it is missing."""
     try:
         import ray
-        import ray.data  # noqa: F401
+
+        if data:
+            import ray.data  # noqa: F401
     except ImportError:
-        raise ConfigError("--engine ray needs Ray Data: pip install 'energon-nemotron[ray]' "
-                          "(ray[data] >= 2.60)") from None
+        if data:
+            raise ConfigError("--engine ray needs Ray Data: pip install 'energon-nemotron[ray]' "
+                              "(ray[data] >= 2.60)") from None
+        raise ConfigError("--engine ray needs Ray: pip install 'energon-nemotron[ray]'") from None
     return ray
+
+
+@contextlib.contextmanager
+def ray_session(address: Optional[str] = None, num_cpus: Optional[int] = None, verbose: bool = False,
+                data: bool = True, env: Optional[Mapping[str, str]] = None) -> Iterator[Any]:
+    """The ``ray`` module (``import_ray(data)``) with a connected session: the calling process's
+    when it has one (left as it is), else the cluster at ``address`` joined, else a local cluster of
+    ``num_cpus`` CPUs started; a connection made here is shut down on exit (a cluster joined with
+    ``address``: only this driver leaves). Quiet unless ``verbose``: no dashboard, workers' output
+    not forwarded, Ray's logging at ERROR. ``env``: defaults set in the environment (values already
+    set win) before Ray starts."""
+    ray = import_ray(data)
+    for k, v in (env or {}).items():
+        os.environ.setdefault(k, v)
+    if ray.is_initialized():
+        yield ray
+        return
+    common = dict(include_dashboard=False, log_to_driver=verbose,
+                  logging_level=logging.INFO if verbose else logging.ERROR)
+    if address:
+        ray.init(address=address, **common)
+    else:
+        ray.init(num_cpus=num_cpus, **common)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 class CountActor:
@@ -92,26 +126,15 @@ class RayEngine:
         self.num_cpus = num_cpus
         self.verbose = verbose
         self.workers = 1
-        self._started = False
+        self._session = contextlib.ExitStack()
         self._context: dict = {}
 
     def __enter__(self) -> "RayEngine":
-        ray = _import_ray()
-        if not self.verbose:
-            for k, v in QUIET_ENV.items():
-                os.environ.setdefault(k, v)
-        if not ray.is_initialized():
-            common = dict(include_dashboard=False, log_to_driver=self.verbose,
-                          logging_level=logging.INFO if self.verbose else logging.ERROR)
-            if self.address:
-                ray.init(address=self.address, **common)
-            else:
-                ray.init(num_cpus=self.num_cpus, **common)
-            self._started = True
+        self._session = contextlib.ExitStack()
+        ray = self._session.enter_context(ray_session(self.address, self.num_cpus, self.verbose,
+                                                      env=None if self.verbose else QUIET_ENV))
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.workers = min(self.num_cpus or cpus, cpus)
-        import ray.data
-
         ctx = ray.data.DataContext.get_current()
         for key in ("enable_progress_bars", "print_on_execution_start"):
             self._context[key] = getattr(ctx, key)
@@ -131,11 +154,7 @@ class RayEngine:
             else:
                 setattr(ctx, key, value)
         self._context = {}
-        if self._started:
-            import ray
-
-            ray.shutdown()                  # a cluster joined with address: only this driver leaves
-            self._started = False
+        self._session.close()               # shuts down only a session this engine started
 
     def block_size(self, total_bytes: int) -> int:
         return int(min(MAX_BLOCK, max(MIN_BLOCK, total_bytes // (8 * self.workers) + 1)))

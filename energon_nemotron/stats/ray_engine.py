@@ -11,17 +11,18 @@ Cluster: ``address`` joins a running one (``ray.init(address=...)``; the dataset
 this package must be reachable from its nodes), else a local one is started with ``num_cpus``
 CPUs; a session already initialised in this process is used as it is. Ray is kept quiet (no
 dashboard, workers' output not forwarded, Ray's own logging at ERROR); only a connection made here
-is shut down. N is ``num_cpus``, else the cluster's CPUs.
+is shut down (the session helper of the packer's Ray engine, ``megatron_packed.ray_engine.ray_session``).
+N is ``num_cpus``, else the cluster's CPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from energon_nemotron.config import LoaderConfig
 from energon_nemotron.errors import ConfigError
+from energon_nemotron.megatron_packed.ray_engine import ray_session
 from energon_nemotron.stats.records import DatasetPart
 
 
@@ -37,32 +38,6 @@ class PartReader:
         return collect_part(cfg, split, rank, world, limit, progress=False)
 
 
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--engine ray needs Ray: pip install 'energon-nemotron[ray]'") from None
-    return ray
-
-
-@contextlib.contextmanager
-def ray_session(address: Optional[str] = None, num_cpus: Optional[int] = None) -> Iterator[Any]:
-    """The ``ray`` module with a connected session (see the module docstring)."""
-    ray = _import_ray()
-    if ray.is_initialized():
-        yield ray
-        return
-    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    if address:
-        ray.init(address=address, **quiet)
-    else:
-        ray.init(num_cpus=num_cpus, **quiet)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 def _unwrapped(ray: Any, exc: BaseException) -> BaseException:
     """An actor's own exception (a ``ConfigError`` or ``DataError`` keeps its message and type)."""
     cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
@@ -76,7 +51,7 @@ def collect_with_ray(cfg: LoaderConfig, split: str, limit: Optional[int] = None,
 
     if num_cpus is not None and num_cpus < 1:
         raise ConfigError(f"--num-cpus must be >= 1, got {num_cpus}")
-    with ray_session(address, num_cpus) as ray:
+    with ray_session(address, num_cpus, data=False) as ray:
         world = num_cpus or max(1, int(ray.cluster_resources().get("CPU", 1)))
         reader = ray.remote(num_cpus=1)(PartReader)
         actors = [reader.remote() for _ in range(world)]
