@@ -31,7 +31,7 @@ COMPAT_IN_TEST := tests/test_energon_tokenization.py tests/test_cookers.py tests
     tests/test_megatron_parity.py tests/test_assemble.py tests/test_bridge_presets.py tests/test_megatron_bridge.py \
     tests/test_openai_tools.py
 
-.PHONY: install references demo lint test test-fast test-slow test-compat bench bench-quick clean
+.PHONY: install references test-deps demo lint test test-fast test-slow test-compat bench bench-quick clean
 
 install: $(STAMP)
 
@@ -64,6 +64,11 @@ $(MCORE_STAMP): | $(STAMP)
 	    8e3e486f13f559450415b9b9dc0ff3331a0bb83dd154553f7f350a75ff9c42b5 \
 	    megatron/core/models/multimodal/llava_model.py
 
+# System packages the tests need (Debian's): Chromium renders the preview page headless
+# (tests/test_html_preview.py); installed only when missing.
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y --no-install-recommends chromium; }
+
 demo: install
 	$(BIN)/energon-nemotron demo
 
@@ -77,7 +82,7 @@ lint: install
 # (the tests wait on worker processes much of the time, so two share the machine's cores well).
 PYTEST_PARALLEL ?= -n 2 --dist loadfile
 PYTEST_REPORT ?= --durations=15
-test: install references lint
+test: install references test-deps lint
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_REPORT)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_PARALLEL) $(PYTEST_REPORT)
 	$(MAKE) test-compat COMPAT_TESTS="$(COMPAT_IN_TEST)"
@@ -91,7 +96,7 @@ test-compat: install references $(COMPAT_STAMP)
 test-fast: install references
 	$(BIN)/python -m pytest -q -x
 
-test-slow: install references
+test-slow: install references test-deps
 	$(BIN)/python -m pytest -q -m slow
 
 bench: install references
