@@ -19,7 +19,7 @@ for the resume fingerprint.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,20 +53,36 @@ class Tree:
     problems: list = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """What a reference inherits from the references above it: the split (a ``split_part`` applies
+    below it), the subflavors merged so far and the file that set each (``origin``), the
+    metadatasets being walked (``stack``, resolved: a cycle is a problem) and whether it feeds a
+    ``join``."""
+
+    split: str
+    subflavors: dict = field(default_factory=dict)
+    origin: dict = field(default_factory=dict)
+    stack: tuple = ()
+    joined: bool = False
+
+    def leaf(self, path: Path, kind: str) -> Leaf:
+        return Leaf(path, kind, self.split, dict(self.subflavors), dict(self.origin), joined=self.joined)
+
+
 def walk(path: Path, split: str) -> Tree:
     """The tree below ``path`` for ``split``; problems are collected, not raised."""
     tree = Tree()
-    _reference(tree, Path(path), split, {}, {}, None, {}, False, ())
+    _reference(tree, Path(path), _Scope(split), None, {})
     return tree
 
 
-def _reference(tree: Tree, path: Path, split: str, subflavors: dict, origin: dict, where: Optional[Path],
-               configs: dict, joined: bool, stack: tuple) -> None:
+def _reference(tree: Tree, path: Path, scope: _Scope, where: Optional[Path], configs: dict) -> None:
     """A dataset, a .jsonl or a nested metadataset, referenced from ``where`` (None: the loader
     config); ``configs``: the reference's ``dataset_config`` / ``split_config`` file names."""
     by = f"{where}: " if where else "data path: "
     if "://" in str(path):
-        tree.leaves.append(Leaf(path, "remote", split, dict(subflavors), dict(origin), joined=joined))
+        tree.leaves.append(scope.leaf(path, "remote"))
         return
     problem = unprepared(path, jsonl_index=False)      # a .jsonl's index: checked with its shards
     if problem is not None:
@@ -75,19 +91,18 @@ def _reference(tree: Tree, path: Path, split: str, subflavors: dict, origin: dic
                "missing": " (paths in a metadataset are relative to its folder)" if where else ""}.get(kind, "")
         tree.problems.append(f"{by}{'dataset ' if kind == 'missing' else ''}{path} {why}{fix}")
     elif path.name.endswith(".jsonl"):
-        tree.leaves.append(Leaf(path, "jsonl", split, dict(subflavors), dict(origin), joined=joined))
+        tree.leaves.append(scope.leaf(path, "jsonl"))
         tree.files.append(path.with_name(path.name + ".idx"))
     elif path.name.endswith(".yaml"):
-        if path.resolve() in stack:
+        if path.resolve() in scope.stack:
             tree.problems.append(f"{by}metadataset {path} includes itself")
         else:
-            _metadataset(tree, path, split, subflavors, origin, stack + (path.resolve(),))
+            _metadataset(tree, path, replace(scope, stack=scope.stack + (path.resolve(),), joined=False))
     else:
-        _webdataset(tree, path, split, subflavors, origin, configs, joined)
+        _webdataset(tree, path, scope, configs)
 
 
-def _webdataset(tree: Tree, path: Path, split: str, subflavors: dict, origin: dict, configs: dict,
-                joined: bool) -> None:
+def _webdataset(tree: Tree, path: Path, scope: _Scope, configs: dict) -> None:
     meta = path / META
     own: Any = {}
     config = meta / (configs.get("dataset_config") or "dataset.yaml")
@@ -101,13 +116,13 @@ def _webdataset(tree: Tree, path: Path, split: str, subflavors: dict, origin: di
     if not isinstance(own, dict):
         tree.problems.append(f"{config}: subflavors must be a mapping, got {own!r}")
         own = {}
-    merged = {**own, **subflavors}
-    where = {**{k: config for k in own}, **origin}
-    tree.leaves.append(Leaf(path, "webdataset", split, merged, where, split_config, joined))
+    merged = {**own, **scope.subflavors}
+    where = {**{k: config for k in own}, **scope.origin}
+    tree.leaves.append(Leaf(path, "webdataset", scope.split, merged, where, split_config, scope.joined))
     tree.files += [config, split_file(meta, split_config), info_file(meta), meta / "index.uuid"]
 
 
-def _metadataset(tree: Tree, path: Path, split: str, subflavors: dict, origin: dict, stack: tuple) -> None:
+def _metadataset(tree: Tree, path: Path, scope: _Scope) -> None:
     tree.files.append(path)
     try:
         data = load_yaml_file(path)
@@ -118,18 +133,18 @@ def _metadataset(tree: Tree, path: Path, split: str, subflavors: dict, origin: d
     if not isinstance(splits, dict):
         tree.problems.append(f"{path}: a metadataset needs `splits:` (a mapping of split names)")
         return
+    split = scope.split
     if split not in splits:
         tree.problems.append(f"{path}: no split {split!r} (splits: {', '.join(map(str, splits))}); set the "
                              "data source's split")
         return
-    _node(tree, path, splits[split], split, subflavors, origin, stack, False)
+    _node(tree, path, splits[split], scope)
 
 
-def _node(tree: Tree, path: Path, node: Any, split: str, subflavors: dict, origin: dict, stack: tuple,
-          joined: bool) -> None:
+def _node(tree: Tree, path: Path, node: Any, scope: _Scope) -> None:
     """One entry of metadataset ``path``: a blend (its entries), a join, or a reference."""
     if not isinstance(node, dict):
-        tree.problems.append(f"{path}: split {split!r}: expected a mapping, got {node!r:.80}")
+        tree.problems.append(f"{path}: split {scope.split!r}: expected a mapping, got {node!r:.80}")
         return
     blend = next((k for k in BLENDS if k in node), None)
     if blend is not None:
@@ -138,7 +153,7 @@ def _node(tree: Tree, path: Path, node: Any, split: str, subflavors: dict, origi
             tree.problems.append(f"{path}: `{blend}` must be a list")
             return
         for entry in entries:
-            _node(tree, path, entry, split, subflavors, origin, stack, joined)
+            _node(tree, path, entry, scope)
         return
     own = node.get("subflavors") or {}
     if not isinstance(own, dict):
@@ -146,23 +161,22 @@ def _node(tree: Tree, path: Path, node: Any, split: str, subflavors: dict, origi
         return
     if node.get("subflavor") is not None and "__subflavor__" not in own:     # V1 legacy key
         own = {"__subflavor__": node["subflavor"], **own}
-    merged = {**own, **subflavors}
-    where = {**{k: path for k in own}, **origin}
-    split = node.get("split_part") or split
+    below = replace(scope, split=node.get("split_part") or scope.split, subflavors={**own, **scope.subflavors},
+                    origin={**{k: path for k in own}, **scope.origin})
     if "join" in node:
         parts = node["join"]
         parts = list(parts.values()) if isinstance(parts, dict) else parts
         for part in parts if isinstance(parts, list) else []:
-            _node(tree, path, part, split, merged, where, stack, True)
+            _node(tree, path, part, replace(below, joined=True))
         return
     if "path" not in node:
-        tree.problems.append(f"{path}: split {split!r}: an entry with none of path, blend, blend_epochized, "
+        tree.problems.append(f"{path}: split {below.split!r}: an entry with none of path, blend, blend_epochized, "
                              f"join: {node!r:.120}")
         return
     target = node["path"]
     target = Path(target) if "://" in str(target) else path.parent / str(target)
     configs = {k: node.get(k) for k in ("dataset_config", "split_config")}
-    _reference(tree, target, split, merged, where, path, configs, joined, stack)
+    _reference(tree, target, below, path, configs)
 
 
 def file_sha256(path: Path) -> Optional[str]:
