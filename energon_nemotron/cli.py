@@ -34,7 +34,7 @@ def _encoder(a: argparse.Namespace):
 
 
 def cmd_pack_megatron(a: argparse.Namespace) -> int:
-    from energon_nemotron.megatron_packed.offline_pack import LocalEngine, pack
+    from energon_nemotron.megatron_packed.offline_pack import LocalEngine, PackOptions, pack
 
     if a.engine == "ray":
         from energon_nemotron.megatron_packed.ray_engine import RayEngine
@@ -44,9 +44,9 @@ def cmd_pack_megatron(a: argparse.Namespace) -> int:
         raise ConfigError("--address, --num-cpus and --ray-verbose apply to --engine ray only")
     else:
         engine = LocalEngine()
-    summary = pack(a.input, a.output, _encoder(a), algorithm=a.algorithm, seed=None if a.no_shuffle else a.seed,
-                   rows_per_shard=a.rows_per_shard, on_error=a.on_error, engine=engine,
-                   progress=not a.no_progress, block_size=a.block_size)
+    options = PackOptions(algorithm=a.algorithm, seed=None if a.no_shuffle else a.seed,
+                          rows_per_shard=a.rows_per_shard, on_error=a.on_error, block_size=a.block_size)
+    summary = pack(a.input, a.output, _encoder(a), options, engine=engine, progress=not a.no_progress)
     if a.json:
         print(json.dumps(summary.as_dict()))
     else:

@@ -29,7 +29,7 @@ from energon_nemotron.loading import build_train_loader
 from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.counting import count_local
 from energon_nemotron.megatron_packed.inputs import expand_inputs, split_blocks
-from energon_nemotron.megatron_packed.offline_pack import PAUSE_ENV, pack
+from energon_nemotron.megatron_packed.offline_pack import PackOptions, pack
 from energon_nemotron.megatron_packed.ray_engine import RayEngine
 
 def needs_ray(fn):
@@ -103,7 +103,7 @@ def corpus(tmp_path_factory):
     paths = write_corpus(root / "raw")
     single = pack([str(root / "raw" / "part*.jsonl")], root / "local" / "one.jsonl.packed", encoder(), progress=False)
     sharded = pack([str(root / "raw" / "part*.jsonl")], root / "local" / "rows.jsonl.packed", encoder(),
-                   rows_per_shard=RPS, progress=False)
+                   PackOptions(rows_per_shard=RPS), progress=False)
     return {"root": root, "paths": paths, "single": single, "sharded": sharded}
 
 
@@ -196,10 +196,11 @@ def test_shards_and_manifest(corpus):
 
 def test_rerun_with_other_options_rewrites_everything(corpus, tmp_path):
     src = [str(corpus["root"] / "raw" / "part*.jsonl")]
-    first = pack(src, tmp_path / "r.jsonl.packed", encoder(), rows_per_shard=RPS, progress=False)
-    again = pack(src, tmp_path / "r.jsonl.packed", encoder(), rows_per_shard=RPS, progress=False)
+    first = pack(src, tmp_path / "r.jsonl.packed", encoder(), PackOptions(rows_per_shard=RPS), progress=False)
+    again = pack(src, tmp_path / "r.jsonl.packed", encoder(), PackOptions(rows_per_shard=RPS), progress=False)
     assert again.shards_skipped == len(first.shards) and "complete already" in again.notes[0]
-    other = pack(src, tmp_path / "r.jsonl.packed", encoder(), rows_per_shard=RPS * 3, seed=1, progress=False)
+    other = pack(src, tmp_path / "r.jsonl.packed", encoder(), PackOptions(rows_per_shard=RPS * 3, seed=1),
+                 progress=False)
     assert "rewriting everything" in other.notes[0]
     assert "packing.seed: saved 0 != now 1" in other.notes[0] and "packing.rows_per_shard" in other.notes[0]
     assert other.shards_skipped == 0
@@ -213,7 +214,7 @@ def test_ray_writes_the_same_bytes(cluster, corpus, tmp_path):
     """Sharded, with the module's 2-CPU cluster (the single file: see the CLI test below)."""
     ref = corpus["sharded"]
     got = pack([str(corpus["root"] / "raw" / "part*.jsonl")], tmp_path / "rows.jsonl.packed", encoder(),
-               rows_per_shard=RPS, engine=RayEngine(), progress=False, block_size=BLOCK)
+               PackOptions(rows_per_shard=RPS, block_size=BLOCK), engine=RayEngine(), progress=False)
     assert got.engine == "ray" and set(got.times) == {"hash", "count", "pack", "write"}
     assert len(got.shards) > 3 and files_of(got) == files_of(ref)
     assert manifest_of(got) == manifest_of(ref)
@@ -230,13 +231,14 @@ def test_ray_on_error(cluster, tmp_path):
         pack(src, tmp_path / "l.jsonl.packed", encoder(), progress=False)
     assert str(local_err.value).startswith(f"{paths[1]}:21: ") and local_err.value.code == "invalid_json"
     with pytest.raises(DataError) as ray_err:       # the first error in input order, whatever block ends first
-        pack(src, tmp_path / "r.jsonl.packed", encoder(), engine=RayEngine(), progress=False, block_size=BLOCK)
+        pack(src, tmp_path / "r.jsonl.packed", encoder(), PackOptions(block_size=BLOCK), engine=RayEngine(),
+             progress=False)
     assert str(ray_err.value) == str(local_err.value)
     assert not (tmp_path / "r.jsonl.packed").exists() and not (tmp_path / "r.jsonl.packed.manifest.json").exists()
 
-    local = pack(src, tmp_path / "l.jsonl.packed", encoder(), on_error="skip", progress=False)
-    remote = pack(src, tmp_path / "r.jsonl.packed", encoder(), on_error="skip", engine=RayEngine(),
-                  progress=False, block_size=BLOCK)
+    local = pack(src, tmp_path / "l.jsonl.packed", encoder(), PackOptions(on_error="skip"), progress=False)
+    remote = pack(src, tmp_path / "r.jsonl.packed", encoder(), PackOptions(on_error="skip", block_size=BLOCK),
+                  engine=RayEngine(), progress=False)
     want = {"empty_assistant": 1, "invalid_json": 1, "invalid_sample": 1, "unknown_role": 1}
     assert local.skipped == remote.skipped == want
     assert local.skipped_examples == remote.skipped_examples
@@ -248,18 +250,39 @@ def test_ray_on_error(cluster, tmp_path):
     assert "skipped            4 (empty_assistant 1" in local.text()
 
 
-def run_cli(*args, env=None, **kw):
+def run_cli(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "energon_nemotron.cli", "pack-megatron", *args, *ENCODER_ARGS,
-                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, **kw)
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+#: a driver to kill mid-write: what ``pack-megatron --rows-per-shard N --engine ray --address A
+#: --block-size B`` runs, with a callback that blocks once PAUSE shards are written and recorded
+DRIVER = """
+import sys, threading
+from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
+from energon_nemotron.megatron_packed.offline_pack import PackOptions, pack
+from energon_nemotron.megatron_packed.ray_engine import RayEngine
+
+tokenizer, seq_length, fmt, inputs, output, rows_per_shard, block_size, address, pause = sys.argv[1:]
+
+def on_shard_done(written):
+    if written >= int(pause):
+        threading.Event().wait()            # until the test kills this process
+
+pack([inputs], output, MegatronSFTPackedEncoder(tokenizer, int(seq_length), fmt),
+     PackOptions(rows_per_shard=int(rows_per_shard), block_size=int(block_size)),
+     engine=RayEngine(address=address), progress=False, on_shard_done=on_shard_done)
+"""
 
 
 @needs_ray
 def test_ray_resume_after_the_driver_is_killed(cluster, corpus, tmp_path):
     out = tmp_path / "rows.jsonl.packed"
-    args = ["--input", str(corpus["root"] / "raw" / "part*.jsonl"), "--output", str(out), "--rows-per-shard", str(RPS),
+    src = str(corpus["root"] / "raw" / "part*.jsonl")
+    args = ["--input", src, "--output", str(out), "--rows-per-shard", str(RPS),
             "--engine", "ray", "--address", cluster, "--block-size", str(BLOCK)]
-    proc = run_cli(*args, env={PAUSE_ENV: "2"})
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(DEMO_TOKENIZER), str(L), FMT, src, str(out), str(RPS),
+                             str(BLOCK), cluster, "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     manifest = out.with_name(out.name + ".manifest.json")
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and proc.poll() is None:

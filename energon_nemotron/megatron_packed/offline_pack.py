@@ -18,12 +18,12 @@ rerun resumes: shards that are complete are kept, the rest written.
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -41,11 +41,6 @@ from energon_nemotron.megatron_packed.shards import (
     write_shard,
 )
 from energon_nemotron.packing.algorithms import fill_ratio
-
-#: test hook: after this many shards are recorded complete, the driver stops (sleeps) so that a test
-#: can kill it mid-write; never set it outside tests
-PAUSE_ENV = "ENERGON_NEMOTRON_PACK_PAUSE_AFTER_SHARDS"
-
 
 @dataclass
 class PackSummary:
@@ -172,10 +167,79 @@ def _remove_stale(folder: Path, stale: Optional[dict], keep: set[str], output: P
     mf.counts_path(output).unlink(missing_ok=True)
 
 
+@dataclass
+class PackOptions:
+    """How :func:`pack` packs and writes (besides the encoder and the engine).
+
+    Args:
+        algorithm: a registered packer (see ``registry.PACKERS``; default ``best_fit_decreasing``).
+        seed: rows are written in a shuffled order with this seed (None: packer order, which puts
+            the longest conversations first). Conversations inside a row keep their input order.
+        rows_per_shard: None (one output file) or N: shards of N rows beside the output.
+        on_error: ``raise`` (the first bad line or conversation in input order, a ``DataError``
+            naming ``file:line[#k]``) or ``skip`` (dropped and counted by reason in the summary).
+        block_size: bytes per counting block (whole lines); default: the engine's.
+    """
+
+    algorithm: str = "best_fit_decreasing"
+    seed: Optional[int] = 0
+    rows_per_shard: Optional[int] = None
+    on_error: str = "raise"
+    block_size: Optional[int] = None
+
+    def check(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError(f"--on-error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.rows_per_shard is not None and self.rows_per_shard < 1:
+            raise ConfigError(f"--rows-per-shard must be >= 1, got {self.rows_per_shard}")
+
+
+@dataclass
+class _Run:
+    """One call of :func:`pack`: what its phases share."""
+
+    out: Path
+    paths: list[Path]
+    encoder: MegatronSFTPackedEncoder
+    options: PackOptions
+    engine: Any
+    progress: bool
+    notes: list[str] = field(default_factory=list)
+    times: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def folder(self) -> Path:
+        return self.out.parent
+
+    @property
+    def manifest(self) -> Path:
+        return mf.manifest_path(self.out)
+
+    @property
+    def counts(self) -> Path:
+        return mf.counts_path(self.out)
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Record the seconds of ``stage`` (not when it raises)."""
+        t = time.perf_counter()
+        yield
+        self.times[stage] = time.perf_counter() - t
+
+
+@dataclass
+class _Layout:
+    """Pass 1's counts packed: the bins, the order rows are written in, the output files and their rows."""
+
+    bins: list[list[int]]
+    order: list[int]
+    names: list[str]
+    rows: list[int]
+
+
 def pack(inputs: str | Path | Sequence[str | Path], output: str | Path, encoder: MegatronSFTPackedEncoder,
-         algorithm: str = "best_fit_decreasing", seed: Optional[int] = 0, rows_per_shard: Optional[int] = None,
-         on_error: str = "raise", engine: Any = None, progress: bool = True,
-         block_size: Optional[int] = None) -> PackSummary:
+         options: Optional[PackOptions] = None, engine: Any = None, progress: bool = True,
+         on_shard_done: Optional[Callable[[int], None]] = None) -> PackSummary:
     """Pack the conversations of ``inputs`` into rows written to ``output`` (or its shards).
 
     Args:
@@ -183,108 +247,126 @@ def pack(inputs: str | Path | Sequence[str | Path], output: str | Path, encoder:
             object per line.
         output: the ``.jsonl.packed`` file to write; its manifest is ``OUTPUT.manifest.json``.
         encoder: the encoder that will read the rows (tokenizer, format, seq_length, CP).
-        algorithm: a registered packer (see ``registry.PACKERS``; default ``best_fit_decreasing``).
-        seed: rows are written in a shuffled order with this seed (None: packer order, which puts
-            the longest conversations first). Conversations inside a row keep their input order.
-        rows_per_shard: None (one output file) or N: shards of N rows beside ``output``.
-        on_error: ``raise`` (the first bad line or conversation in input order, a ``DataError``
-            naming ``file:line[#k]``) or ``skip`` (dropped and counted by reason in the summary).
+        options: packer, seed, shards, error policy and counting blocks (:class:`PackOptions`;
+            default: its defaults).
         engine: ``LocalEngine()`` (default) or ``ray_engine.RayEngine(...)``.
-        block_size: bytes per counting block (whole lines); default: the engine's.
+        on_shard_done: called on the driver after each output file is written and recorded
+            complete in the manifest, with the number of files this call has written so far.
 
     A manifest on disk with the same options and inputs is resumed: complete shards are kept.
     With other options or inputs, everything is rewritten (``notes`` says so).
     """
+    options = options or PackOptions()
     engine = engine or LocalEngine()
-    if on_error not in ("raise", "skip"):
-        raise ConfigError(f"--on-error must be 'raise' or 'skip', got {on_error!r}")
-    if rows_per_shard is not None and rows_per_shard < 1:
-        raise ConfigError(f"--rows-per-shard must be >= 1, got {rows_per_shard}")
+    options.check()
     out = Path(output)
     if out.is_dir():
         raise ConfigError(f"--output {str(out)!r} is a folder; give the .jsonl.packed file to write")
-    folder = out.parent
-    paths = expand_inputs(inputs)
-    folder.mkdir(parents=True, exist_ok=True)
-    notes: list[str] = []
-    times: dict[str, float] = {}
-    mpath = mf.manifest_path(out)
-    L = encoder.seq_length
-
+    run = _Run(out, expand_inputs(inputs), encoder, options, engine, progress)
+    run.folder.mkdir(parents=True, exist_ok=True)
     with engine:
-        t = time.perf_counter()
-        options = mf.pack_options(encoder.signature(), algorithm, seed, rows_per_shard, on_error,
-                                  describe_inputs(paths))
-        times["hash"] = time.perf_counter() - t
-        old, stale = _previous(mpath, options, notes)
-        if old is not None and old.get("complete") and all(mf.shard_is_complete(folder, s) for s in old["shards"]):
-            notes.append(f"note: every shard of {mpath.name} is complete already; nothing to write")
-            return _summary(old, mpath, engine.name, len(old["shards"]), notes, times)
+        saved = _hash(run)
+        old, stale = _previous(run.manifest, saved, run.notes)
+        if _finished(run, old):
+            return _summary(old, run.manifest, engine.name, len(old["shards"]), run.notes, run.times)
+        counted = _count(run, mf.counts_key(saved), resumed=old is not None)
+        layout = _layout(run, counted)
+        with run.timed("write"):
+            manifest, done = _manifest(run, saved, counted, layout, old, stale)
+            jobs = shard_jobs(run.folder, layout.names, layout.bins, layout.order, options.rows_per_shard, counted,
+                              wanted=set(range(len(layout.names))) - done)
+            del layout                                  # the bins are not needed while writing
+            _write(run, manifest, jobs, on_shard_done)
+    return _summary(manifest, run.manifest, engine.name, len(done), run.notes, run.times)
 
-        t = time.perf_counter()
-        key = mf.counts_key(options)
-        counted = mf.load_counts(mf.counts_path(out), key) if old is not None else None
+
+def _hash(run: _Run) -> dict:
+    """The options the manifest records (the inputs hashed)."""
+    with run.timed("hash"):
+        o = run.options
+        return mf.pack_options(run.encoder.signature(), o.algorithm, o.seed, o.rows_per_shard, o.on_error,
+                               describe_inputs(run.paths))
+
+
+def _finished(run: _Run, old: Optional[dict]) -> bool:
+    """Whether the manifest this run resumes is complete, with every shard (nothing to write)."""
+    if old is None or not old.get("complete") or not all(mf.shard_is_complete(run.folder, s) for s in old["shards"]):
+        return False
+    run.notes.append(f"note: every shard of {run.manifest.name} is complete already; nothing to write")
+    return True
+
+
+def _count(run: _Run, key: str, resumed: bool) -> Counted:
+    """Pass 1: the counts of the interrupted run this one resumes, or the engine's."""
+    with run.timed("count"):
+        counted = mf.load_counts(run.counts, key) if resumed else None
         if counted is not None:
-            notes.append(f"note: reused the counts of the interrupted run ({mf.counts_path(out).name})")
-        else:
-            total = sum(p.stat().st_size for p in paths)
-            blocks = split_blocks(paths, block_size or engine.block_size(total))
-            with tqdm(total=total, unit="B", unit_scale=True, desc="counting", disable=not progress) as bar:
-                counted = engine.count(blocks, encoder, on_error, bar)
-        times["count"] = time.perf_counter() - t
+            run.notes.append(f"note: reused the counts of the interrupted run ({run.counts.name})")
+            return counted
+        total = sum(p.stat().st_size for p in run.paths)
+        blocks = split_blocks(run.paths, run.options.block_size or run.engine.block_size(total))
+        with tqdm(total=total, unit="B", unit_scale=True, desc="counting", disable=not run.progress) as bar:
+            return run.engine.count(blocks, run.encoder, run.options.on_error, bar)
 
-        t = time.perf_counter()
-        bins, order = pack_rows(counted.costs, L, algorithm, seed)
-        names = shard_names(out, len(bins), rows_per_shard)
-        rows = shard_rows(len(bins), len(names), rows_per_shard)
-        times["pack"] = time.perf_counter() - t
 
-        t = time.perf_counter()
-        manifest = {"format": mf.FORMAT, "version": mf.VERSION, "output": out.name, **options,
-                    "counts": _counts_section(counted, bins, L),
-                    "shards": [{"file": n, "rows": r, "bytes": None, "sha256": None, "complete": False}
-                               for n, r in zip(names, rows)],
-                    "complete": False}
-        done: set[int] = set()
-        for k, entry in enumerate((old or {}).get("shards", [])[:len(names)]):
-            if entry["file"] == names[k] and entry.get("rows") == rows[k] and mf.shard_is_complete(folder, entry):
-                manifest["shards"][k] = entry
-                done.add(k)
-        if old is not None:
-            notes.append(f"note: resumed {mpath.name}: {len(done)} of {len(names)} shards complete already, kept")
-        _remove_stale(folder, stale, set(names), out)
-        if len(done) < len(names):
-            mf.save_counts(mf.counts_path(out), counted, key)
-        mf.save_manifest(mpath, manifest)
+def _layout(run: _Run, counted: Counted) -> _Layout:
+    """The costs bin-packed into rows, their order and the output files."""
+    with run.timed("pack"):
+        bins, order = pack_rows(counted.costs, run.encoder.seq_length, run.options.algorithm, run.options.seed)
+        names = shard_names(run.out, len(bins), run.options.rows_per_shard)
+        return _Layout(bins, order, names, shard_rows(len(bins), len(names), run.options.rows_per_shard))
 
-        jobs = shard_jobs(folder, names, bins, order, rows_per_shard, counted.files, counted.offsets,
-                          counted.index_in_line, wanted=set(range(len(names))) - done)
-        del bins, order
-        pause = int(os.environ.get(PAUSE_ENV, "0") or 0)
-        written = 0
-        with tqdm(total=sum(int(j.row_lengths.shape[0]) for j in jobs), desc="writing rows", unit="row",
-                  disable=not progress) as bar:
-            def on_done(result: dict) -> None:
-                nonlocal written
-                entry = manifest["shards"][result["shard"]]
-                entry.update(rows=result["rows"], bytes=result["bytes"], sha256=result["sha256"], complete=True)
-                mf.save_manifest(mpath, manifest)
-                bar.update(result["rows"])
-                written += 1
-                if pause and written >= pause:
-                    while True:                         # test hook (PAUSE_ENV): wait to be killed
-                        time.sleep(3600)
 
-            engine.write([str(p) for p in paths], encoder.chat_key, jobs, on_done)
-        manifest["complete"] = True
-        mf.save_manifest(mpath, manifest)
-        mf.counts_path(out).unlink(missing_ok=True)
-        times["write"] = time.perf_counter() - t
-    return _summary(manifest, mpath, engine.name, len(done), notes, times)
+def _manifest(run: _Run, saved: dict, counted: Counted, layout: _Layout, old: Optional[dict],
+              stale: Optional[dict]) -> tuple[dict, set[int]]:
+    """(the manifest of this run, saved with no shard written yet; the shards it keeps from ``old``:
+    same file and rows, complete). The files of a ``stale`` manifest that this run does not write
+    are removed; the counts are saved while shards are left to write (an interrupted run reuses them)."""
+    manifest = {"format": mf.FORMAT, "version": mf.VERSION, "output": run.out.name, **saved,
+                "counts": _counts_section(counted, layout.bins, run.encoder.seq_length),
+                "shards": [{"file": n, "rows": r, "bytes": None, "sha256": None, "complete": False}
+                           for n, r in zip(layout.names, layout.rows)],
+                "complete": False}
+    done: set[int] = set()
+    for k, entry in enumerate((old or {}).get("shards", [])[:len(layout.names)]):
+        if (entry["file"] == layout.names[k] and entry.get("rows") == layout.rows[k]
+                and mf.shard_is_complete(run.folder, entry)):
+            manifest["shards"][k] = entry
+            done.add(k)
+    if old is not None:
+        run.notes.append(f"note: resumed {run.manifest.name}: {len(done)} of {len(layout.names)} shards "
+                         "complete already, kept")
+    _remove_stale(run.folder, stale, set(layout.names), run.out)
+    if len(done) < len(layout.names):
+        mf.save_counts(run.counts, counted, mf.counts_key(saved))
+    mf.save_manifest(run.manifest, manifest)
+    return manifest, done
+
+
+def _write(run: _Run, manifest: dict, jobs: list, on_shard_done: Optional[Callable[[int], None]]) -> None:
+    """Pass 2: the engine writes ``jobs``; each file is recorded complete as it is done."""
+    written = 0
+    with tqdm(total=sum(int(j.row_lengths.shape[0]) for j in jobs), desc="writing rows", unit="row",
+              disable=not run.progress) as bar:
+        def on_done(result: dict) -> None:
+            nonlocal written
+            entry = manifest["shards"][result["shard"]]
+            entry.update(rows=result["rows"], bytes=result["bytes"], sha256=result["sha256"], complete=True)
+            mf.save_manifest(run.manifest, manifest)
+            bar.update(result["rows"])
+            written += 1
+            if on_shard_done is not None:
+                on_shard_done(written)
+
+        run.engine.write([str(p) for p in run.paths], run.encoder.chat_key, jobs, on_done)
+    manifest["complete"] = True
+    mf.save_manifest(run.manifest, manifest)
+    run.counts.unlink(missing_ok=True)
 
 
 def pack_file(input_path: str | Path | Sequence[str | Path], output_path: str | Path,
               encoder: MegatronSFTPackedEncoder, algorithm: str = "best_fit_decreasing", seed: Optional[int] = 0,
               progress: bool = True, **options: Any) -> PackSummary:
-    """:func:`pack` with the single-process engine (``options``: the other arguments of ``pack``)."""
-    return pack(input_path, output_path, encoder, algorithm=algorithm, seed=seed, progress=progress, **options)
+    """:func:`pack` with the single-process engine (``options``: the other fields of :class:`PackOptions`)."""
+    return pack(input_path, output_path, encoder, PackOptions(algorithm=algorithm, seed=seed, **options),
+                progress=progress)

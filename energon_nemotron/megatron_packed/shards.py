@@ -23,7 +23,7 @@ import numpy as np
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.guards.json_safety import parse_json
 from energon_nemotron.megatron_packed.conversation import row_messages, split_conversations
-from energon_nemotron.megatron_packed.counting import with_system
+from energon_nemotron.megatron_packed.counting import Counted, with_system
 from energon_nemotron.registry import PACKERS
 
 SUFFIX = ".jsonl.packed"
@@ -70,9 +70,9 @@ class WriteJob:
 
 
 def shard_jobs(folder: Path, names: list[str], bins: list[list[int]], order: list[int],
-               rows_per_shard: Optional[int], files: np.ndarray, offsets: np.ndarray,
-               index_in_line: np.ndarray, wanted: Optional[set[int]] = None) -> list[WriteJob]:
-    """The ``WriteJob`` of every shard (only those in ``wanted`` when given)."""
+               rows_per_shard: Optional[int], counted: Counted, wanted: Optional[set[int]] = None) -> list[WriteJob]:
+    """The ``WriteJob`` of every shard (only those in ``wanted`` when given); ``counted`` locates
+    each conversation (its input file, line offset and index in the line)."""
     per = rows_per_shard or max(len(order), 1)
     jobs = []
     for k, name in enumerate(names):
@@ -80,8 +80,8 @@ def shard_jobs(folder: Path, names: list[str], bins: list[list[int]], order: lis
             continue
         rows = [sorted(bins[b]) for b in order[k * per:(k + 1) * per]]
         items = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=sum(len(r) for r in rows))
-        jobs.append(WriteJob(k, str(folder / name), files[items], offsets[items], index_in_line[items],
-                             np.asarray([len(r) for r in rows], dtype=np.int32)))
+        jobs.append(WriteJob(k, str(folder / name), counted.files[items], counted.offsets[items],
+                             counted.index_in_line[items], np.asarray([len(r) for r in rows], dtype=np.int32)))
     return jobs
 
 
