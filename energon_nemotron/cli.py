@@ -74,11 +74,11 @@ def cmd_inspect_megatron(a: argparse.Namespace) -> int:
 
 
 def cmd_preview(a: argparse.Namespace) -> int:
-    from energon_nemotron.inspection.preview import run_preview
+    from energon_nemotron.inspection.preview import PreviewOptions, run_preview
 
-    return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color, dp_rank=a.dp_rank,
-                       dp_size=a.dp_size, split=a.split, save_state=a.save_state, load_state=a.load_state,
-                       html=a.html)
+    options = PreviewOptions(split=a.split, dp_rank=a.dp_rank, dp_size=a.dp_size, load_state=a.load_state,
+                             save_state=a.save_state)
+    return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color, html=a.html, options=options)
 
 
 def cmd_stats(a: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from energon_data import loader_yaml, text_dataset
 from energon_nemotron.loading import build_train_loader, build_val_loader
 from energon_nemotron.parallel import mtp_targets, packed_seq_params, partition_indices, roll_targets, slice_for_cp_rank
 from energon_nemotron.inspection import run_preview
+from energon_nemotron.inspection.preview import PreviewOptions
 
 PACKING = {"algorithm": "best_fit_decreasing", "buffer_size": 8, "pad_multiple": 1, "max_sequences_per_bin": None}
 
@@ -156,7 +157,8 @@ def test_validation_every_sample_once_and_ranks_even(ds, dp_size, capsys):
     c.write_text(json.dumps(raw))
     counts, seen = [], []
     for r in range(dp_size):
-        assert run_preview(str(c), as_json=True, dp_rank=r, dp_size=dp_size, split="validation") == 0
+        view = PreviewOptions(split="validation", dp_rank=r, dp_size=dp_size)
+        assert run_preview(str(c), as_json=True, options=view) == 0
         lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
         batches, summary = lines[:-1], lines[-1]["summary"]
         counts.append(len(batches))

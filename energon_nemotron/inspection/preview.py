@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -25,40 +26,49 @@ from energon_nemotron.resume import load_state_file, save_state_file
 from energon_nemotron.tokenization.loading import load_tokenizer
 
 
-def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool = False,
-                color: str = "auto", out=None, dp_rank: int = 0, dp_size: int = 1, split: str = "train",
-                save_state: Optional[str] = None, load_state: Optional[str] = None,
-                html: Optional[str] = None) -> int:
-    """Print the batches of ``split`` (``train`` | ``validation``) for data-parallel rank
-    ``dp_rank`` of ``dp_size``; returns the exit status. ``load_state``: resume from a state file
-    first; ``save_state``: write the position after the last printed batch (atomically); ``html``:
-    write the batches (``batches``, default 8) as an HTML page instead of printing them.
-    Anything the loader itself prints goes to stderr, so ``--json`` output stays parseable."""
+@dataclass
+class PreviewOptions:
+    """The stream ``run_preview`` shows: the ``split`` (``train`` | ``validation``) as data-parallel
+    rank ``dp_rank`` of ``dp_size`` reads it; ``load_state``: resume from a state file first;
+    ``save_state``: write the position after the last batch shown (atomically; both: train only)."""
+
+    split: str = "train"
+    dp_rank: int = 0
+    dp_size: int = 1
+    load_state: Optional[str] = None
+    save_state: Optional[str] = None
+
+
+def run_preview(config_path: str, batches: Optional[int] = None, as_json: bool = False, color: str = "auto",
+                out=None, html: Optional[str] = None, options: Optional[PreviewOptions] = None) -> int:
+    """Print the batches of the stream ``options`` selects (:class:`PreviewOptions`; default: the
+    train split of a single rank); returns the exit status. ``html``: write the batches
+    (``batches``, default 8) as an HTML page instead of printing them. Anything the loader itself
+    prints goes to stderr, so ``--json`` output stays parseable."""
     out = out or sys.stdout
     if html and batches is None:
         batches = HTML_BATCHES
     with contextlib.redirect_stdout(sys.stderr):
-        return _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state,
-                        html)
+        return _preview(config_path, batches, as_json, color, out, html, options or PreviewOptions())
 
 
 HTML_BATCHES = 8
 
 
-def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split, save_state, load_state,
-             html=None) -> int:
+def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str, out, html: Optional[str],
+             o: PreviewOptions) -> int:
     cfg = load_config(config_path)
-    if split == "validation":
-        loader = build_val_loader(cfg, dp_rank=dp_rank, dp_size=dp_size)
+    if o.split == "validation":
+        loader = build_val_loader(cfg, dp_rank=o.dp_rank, dp_size=o.dp_size)
         source = cfg.data.validation
     else:
-        loader = build_train_loader(cfg, repeat=batches is not None, dp_rank=dp_rank, dp_size=dp_size)
+        loader = build_train_loader(cfg, repeat=batches is not None, dp_rank=o.dp_rank, dp_size=o.dp_size)
         source = cfg.data.train
     pad_id = loader.dataset.encoder.pad_id if isinstance(source, MegatronSource) else None
-    if (save_state or load_state) and split != "train":
+    if (o.save_state or o.load_state) and o.split != "train":
         raise ConfigError("--save-state / --load-state apply to the train split")
-    if load_state:
-        loader.load_state_dict(load_state_file(load_state), origin=f"loader state {load_state}")
+    if o.load_state:
+        loader.load_state_dict(load_state_file(o.load_state), origin=f"loader state {o.load_state}")
     tokenizer = None if as_json and not html else load_tokenizer(cfg.tokenizer)
     kept = []
     use_color = color == "always" or (color == "auto" and out.isatty())
@@ -77,15 +87,15 @@ def _preview(config_path, batches, as_json, color, out, dp_rank, dp_size, split,
         print(f"=== batch {i}: {batch.batch_size} row(s), {batch.num_valid_tokens} trained labels", file=out)
         for r in range(batch.batch_size):
             print(row_text(r, batch.row(r), tokenizer, use_color, pad_id=pad_id), file=out)
-    if save_state:
-        save_state_file(save_state, loader.state_dict())
+    if o.save_state:
+        save_state_file(o.save_state, loader.state_dict())
     if html:
-        Path(html).write_text(render_html(kept, tokenizer, title=f"{config_path} — {split}, DP rank {dp_rank}"),
+        Path(html).write_text(render_html(kept, tokenizer, title=f"{config_path} — {o.split}, DP rank {o.dp_rank}"),
                               encoding="utf-8")
         print(f"wrote {html} ({printed} batches)", file=sys.stderr)
     t = loader.telemetry()        # the real batches (validation padding batches are not in it)
     summary = {"batches": printed, "packs": t["packs"], "samples": t["samples"], "padding_rows": padding_rows,
-               "dp_rank": dp_rank, "dp_size": dp_size, "split": split, "fill_ratio": round(t["fill_ratio"], 6),
+               "dp_rank": o.dp_rank, "dp_size": o.dp_size, "split": o.split, "fill_ratio": round(t["fill_ratio"], 6),
                "tokens_per_s": round(t["tokens_per_s"]), "media_decoded": t["media_decoded"], "skipped": t["skipped"]}
     if as_json:
         print(json.dumps({"summary": summary}), file=out)
