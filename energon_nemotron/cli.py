@@ -82,10 +82,10 @@ def cmd_preview(a: argparse.Namespace) -> int:
 
 
 def cmd_stats(a: argparse.Namespace) -> int:
-    from energon_nemotron.stats.run import run_stats
+    from energon_nemotron.stats.run import StatsOptions, run_stats
 
-    return run_stats(a.config, engine=a.engine, address=a.address, num_cpus=a.num_cpus, limit=a.limit,
-                     as_json=a.json, html=a.html, split=a.split, progress=not a.no_progress)
+    options = StatsOptions(split=a.split, engine=a.engine, limit=a.limit, address=a.address, num_cpus=a.num_cpus)
+    return run_stats(a.config, options, as_json=a.json, html=a.html, progress=not a.no_progress)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:

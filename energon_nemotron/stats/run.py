@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,14 +51,27 @@ def collect_stats(config: Any, split: str = "train", engine: str = "single", lim
     return {**head, **summary}
 
 
-def run_stats(config: str, engine: str = "single", address: Optional[str] = None, num_cpus: Optional[int] = None,
-              limit: Optional[int] = None, as_json: bool = False, html: Optional[str] = None, split: str = "train",
-              progress: bool = True, out: Any = None) -> int:
+@dataclass
+class StatsOptions:
+    """What ``run_stats`` reads and how: the ``split``, the ``engine`` (``single`` | ``ray``; for
+    ``ray``, the cluster's ``address`` and ``num_cpus``, see ``ray_engine``) and at most ``limit``
+    samples (rows) per dataset."""
+
+    split: str = "train"
+    engine: str = "single"
+    limit: Optional[int] = None
+    address: Optional[str] = None
+    num_cpus: Optional[int] = None
+
+
+def run_stats(config: str, options: Optional[StatsOptions] = None, as_json: bool = False,
+              html: Optional[str] = None, progress: bool = True, out: Any = None) -> int:
     """The command: text (default) or one JSON object on ``out``; ``html``: also write the page
     with the histograms. Returns the exit status; whatever the libraries print goes to stderr."""
+    o = options or StatsOptions()
     out = out or sys.stdout
     with contextlib.redirect_stdout(sys.stderr):
-        result = collect_stats(config, split, engine, limit, address, num_cpus, progress)
+        result = collect_stats(config, o.split, o.engine, o.limit, o.address, o.num_cpus, progress)
     if html:
         from energon_nemotron.stats.html import render_html
 
