@@ -76,7 +76,7 @@ def child(args) -> int:
 
     C.limit_threads()
     from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
-    from energon_nemotron.megatron_packed.offline_pack import LocalEngine, pack
+    from energon_nemotron.megatron_packed.offline_pack import LocalEngine, PackOptions, pack
 
     tok = str(C.qwen_tokenizer_dir())
     encoder = MegatronSFTPackedEncoder(tok, SEQ_LENGTH, prompt_format="identity", pad_token="<|endoftext|>")
@@ -95,7 +95,7 @@ def child(args) -> int:
     base = rss_mib()
     t = time.perf_counter()
     summary = pack([str(p) for p in corpus(args.conversations)], Path(args.out) / "rows.jsonl.packed", encoder,
-                   rows_per_shard=ROWS_PER_SHARD, engine=engine, progress=False)
+                   PackOptions(rows_per_shard=ROWS_PER_SHARD), engine=engine, progress=False)
     wall = time.perf_counter() - t
     manifest = json.loads(Path(summary.manifest).read_text())
     print(json.dumps({"engine": args.run, "cpus": args.cpus, "conversations": summary.conversations,
