@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from energon_nemotron._energon import (add_source_info, filesystem_entry, store_entry_names, store_kind,
+                                      store_local_base, webdataset_entry)
 from energon_nemotron.errors import ConfigError, DataError, MediaError
+from energon_nemotron.types import MediaRef
 
 #: the subflavor that names the aux source holding a dataset's media
 MEDIA_SOURCE_SUBFLAVOR = "media_source"
@@ -125,46 +128,16 @@ class AuxMedia:
         return f"AuxMedia({self.source!r}, {self.key!r})"
 
 
-def _store_kind(store: Any) -> str:
-    """``webdataset`` (a prepared dataset: sqlite index), ``filesystem`` (a folder) or ``other``."""
-    from megatron.energon.cache.file_store import SystemFileStore, WebdatasetFileStore
-
-    if isinstance(store, WebdatasetFileStore):
-        return "webdataset"
-    if isinstance(store, SystemFileStore) and store.base_dir is not None:
-        return "filesystem"
-    return "other"
-
-
-def _local_base(store: Any) -> Optional[Path]:
-    """The local folder of a filesystem store (None for a remote one)."""
-    return store.base_dir.local_path() if store.base_dir.is_local() else None
-
-
 def _lookup(store: Any, key: str, modality: str, value: str, where: str, allowed: Sequence[Path]):
     """``(found, source_info)`` of entry ``key`` without reading it; ``source_info`` is what
     Energon's ``FileStore.get`` would record (None when unknown). A filesystem entry whose
     symlinks lead outside the source folder and ``allowed`` is ``path_escape``."""
-    from megatron.energon.flavors.webdataset.config import split_name_re
-    from megatron.energon.source_info import SourceInfo
-
-    kind = _store_kind(store)
+    kind = store_kind(store)
     if kind == "webdataset":
-        m = split_name_re.match(key)
-        if not m:
-            return False, None
-        reader = store.sqlite_reader
-        try:
-            if store.db_has_sample_parts:
-                tar_id = reader.get_sample_part(m.group(1), m.group(2)).tar_file_id
-            else:                               # an index without the part table: the sample must exist
-                tar_id = reader.get_sample_pointer_by_key(m.group(1)).tar_file_id
-        except KeyError:
-            return False, None
-        return True, SourceInfo(dataset_path=store.base_path, index=key, shard_name=store.tar_filenames[tar_id],
-                                file_names=(key,))
+        info = webdataset_entry(store, key)
+        return info is not None, info
     if kind == "filesystem":
-        base = _local_base(store)
+        base = store_local_base(store)
         if base is None:
             found = (store.base_dir / key).is_file()
         else:
@@ -175,8 +148,7 @@ def _lookup(store: Any, key: str, modality: str, value: str, where: str, allowed
                 raise DataError(where, f"{modality} path {value!r} in aux source {store.get_path()} resolves to "
                                        f"{target}, outside the allowed folders ({', '.join(map(str, folders))})",
                                 "path_escape")
-        info = SourceInfo(dataset_path=store.base_dir, index=key, shard_name=str(store.base_dir), file_names=(key,))
-        return found, info if found else None
+        return found, filesystem_entry(store, key) if found else None
     return True, None                           # unknown store: read (and fail) lazily
 
 
@@ -187,15 +159,13 @@ _INDEXES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
 def basename_index(store: Any) -> Optional[dict[str, tuple[str, ...]]]:
     """Every entry of an aux source by basename (None: the source cannot be listed: a remote
     folder, an index without its part table, an unknown store)."""
-    kind = _store_kind(store)
+    kind = store_kind(store)
     cache_key = (kind, store.get_path())
     if cache_key in _INDEXES:
         return _INDEXES[cache_key]
-    names: Optional[list[str]] = None
-    if kind == "webdataset" and store.db_has_sample_parts:
-        names = [full for full, _, _ in store.list_all_sample_parts()]
-    elif kind == "filesystem" and _local_base(store) is not None:
-        base = _local_base(store)
+    names: Optional[list[str]] = store_entry_names(store)
+    if kind == "filesystem" and store_local_base(store) is not None:
+        base = store_local_base(store)
         names = []
         for folder, dirs, files in os.walk(base):
             dirs[:] = sorted(d for d in dirs if d != ".nv-meta")
@@ -223,10 +193,6 @@ def aux_media(sample: dict, value: str, modality: str, where: str, source: str, 
     """``MediaRef`` of the media named ``value``, read from the aux source ``source``: the entry of
     that name, else the only entry with its basename (``basename_fallback``); else
     ``missing_media``. The entry's source info is added to the sample's ``__sources__``."""
-    from megatron.energon.source_info import add_source_info
-
-    from energon_nemotron.types import MediaRef
-
     store = scope.aux[source]
     allowed = list(scope.roots)
     key = _clean_key(value)

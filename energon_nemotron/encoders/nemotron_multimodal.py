@@ -145,7 +145,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             dataset = guard_source(dataset, worker_config)
         if self.packing is None or not self.tokenize_per_buffer:
             return super().build_encode_sample(dataset, worker_config=worker_config)
-        tolerance = stage_failure_tolerance(self.preencode_sample, self.__default_failure_tolerance__)
+        tolerance = stage_failure_tolerance(self, self.preencode_sample)
         self.buffer_tokenizer = BufferTokenizer(self.text.tokenize, self.encode_prepared,
                                                 f"{type(self).__name__}.preencode_sample",
                                                 worker_config.global_error_handler, tolerance)

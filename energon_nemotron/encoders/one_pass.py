@@ -21,14 +21,14 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator
 
 from megatron.energon import SavableDataset, ShuffleBufferDataset
-from megatron.energon.wrappers.base import BaseWrapperDataset
+
+from energon_nemotron._energon import WrapperDataset, saves
 
 
-class OnePassEnd(BaseWrapperDataset):
+@saves("_ended")
+class OnePassEnd(WrapperDataset):
     """Yields the wrapped dataset's samples unchanged; remembers (in its state) that the wrapped
     dataset has been read to its end."""
-
-    _savable_fields = ("_ended",)
 
     def __init__(self, dataset: SavableDataset, *, worker_config: Any) -> None:
         super().__init__(dataset, worker_config=worker_config)

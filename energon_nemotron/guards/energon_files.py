@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from energon_nemotron._energon import load_yaml
+
 #: a prepared dataset folder's metadata folder
 META = ".nv-meta"
 #: the shard-count files Energon writes (the first found is read)
@@ -16,9 +18,7 @@ __all__ = ["META", "INFO_FILES", "load_yaml_file", "info_file", "info_counts", "
 
 
 def load_yaml_file(path: Path) -> Any:
-    """A YAML file parsed as Energon parses it (rapidyaml via ``megatron.energon.eyaml``)."""
-    from megatron.energon.eyaml import load_yaml
-
+    """A YAML file parsed as Energon parses it (``_energon.load_yaml``)."""
     return load_yaml(Path(path).read_bytes())
 
 

@@ -9,8 +9,9 @@ reason code (``errors.error_code``) in a :func:`skip_counter`, whose limits may 
 
 from __future__ import annotations
 
+from energon_nemotron._energon import quiet_error_prints
 from energon_nemotron.errors import CODES, ConfigError, DataError, error_code, sample_where
-from energon_nemotron.guards.skip_limits import SkipTally, quiet_energon_error_prints, record_skip
+from energon_nemotron.guards.skip_limits import SkipTally, record_skip
 from energon_nemotron.types import EncodedSample, PackedRow
 
 #: the longest ``where: why`` text a skip message quotes
@@ -29,16 +30,16 @@ def skip_counter(num_workers: int = 0) -> SkipTally:
 class SampleErrorHandler:
     """An Energon ``global_error_handler`` of this library (:class:`ErrorPolicy`, or a reader's own:
     ``stats``): while one exists, Energon's own per-error prints are silenced
-    (``skip_limits.quiet_energon_error_prints``), in every worker it is copied into. A task
+    (``_energon.quiet_error_prints``), in every worker it is copied into. A task
     encoder that runs under another loader installs its :class:`ErrorPolicy` where the worker
     config holds none of these."""
 
     def __init__(self) -> None:
-        quiet_energon_error_prints()
+        quiet_error_prints()
 
     def __setstate__(self, state: dict) -> None:          # unpickled in a spawned worker
         self.__dict__.update(state)
-        quiet_energon_error_prints()
+        quiet_error_prints()
 
     def __call__(self, exc: Exception, sample: object = None, sources: object = None) -> None:
         raise NotImplementedError

@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-from bisect import bisect_right
 from pathlib import Path
 from typing import Any, Optional
 
+from energon_nemotron._energon import indexed_sample_key, reader_jsonl, reader_position, wrap_leaf_readers
 from energon_nemotron.errors import DatasetError
 from energon_nemotron.guards.energon_files import META, info_counts, load_yaml_file, split_file
 
@@ -161,16 +161,10 @@ def leaf_problems(leaf: Any) -> list[str]:
 
 
 def _sample_key(dataset: Path, shard_name: str, position: int) -> Optional[str]:
-    """The key of the ``position``-th sample of a shard, from ``index.sqlite`` (None if unknown)."""
-    import sqlite3
-
+    """The key of the ``position``-th sample of a shard (None if unknown)."""
     try:
         _, counts = info_counts(dataset / META)
-        uri = (dataset / META / "index.sqlite").resolve().as_uri() + "?mode=ro"
-        with sqlite3.connect(uri, uri=True) as db:
-            row = db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
-                             (list(counts).index(shard_name), position)).fetchone()
-        return row[0] if row else None
+        return indexed_sample_key(dataset / META, list(counts).index(shard_name), position)
     except Exception:
         return None
 
@@ -179,24 +173,21 @@ def read_failure(reader: Any, index: int, exc: BaseException) -> str:
     """The message for a sample that Energon's ``reader`` could not read at global ``index``."""
     cause = f"{type(exc).__name__}: {exc}"
     fix = "restore the shard if it is damaged, then re-run `energon prepare {}`"
-    if hasattr(reader, "shard_count_cumsum") and hasattr(reader, "shard_infos"):
-        at = bisect_right(reader.shard_count_cumsum, index) - 1
-        if 0 <= at < len(reader.shard_infos):
-            shard = reader.shard_infos[at]
-            path, position = Path(str(shard.path)), index - reader.shard_count_cumsum[at]
-            dataset = Path(str(reader.base_path))
-            key = _sample_key(dataset, shard.name, position)
-            found = shard_problem(path, shard.count)
-            if found is None:
-                try:
-                    offset = _offsets(path.with_name(path.name + ".idx"), position)[0]
-                    found = header_problem(path, offset)
-                except Exception:
-                    found = None
-            detail = found.removeprefix(f"{path}: ") if found else cause
-            return (f"{path}: sample {position} of the shard" + (f" (key {key!r})" if key else "")
-                    + f" cannot be read: {detail}. The shard or its index is damaged: {fix.format(dataset)}")
-    jsonl = getattr(reader, "jsonl_path", None)
+    at = reader_position(reader, index)
+    if at is not None:
+        path, name, count, position, dataset = at
+        key = _sample_key(dataset, name, position)
+        found = shard_problem(path, count)
+        if found is None:
+            try:
+                offset = _offsets(path.with_name(path.name + ".idx"), position)[0]
+                found = header_problem(path, offset)
+            except Exception:
+                found = None
+        detail = found.removeprefix(f"{path}: ") if found else cause
+        return (f"{path}: sample {position} of the shard" + (f" (key {key!r})" if key else "")
+                + f" cannot be read: {detail}. The shard or its index is damaged: {fix.format(dataset)}")
+    jsonl = reader_jsonl(reader)
     if jsonl is not None:
         return f"{jsonl}: sample {index} cannot be read ({cause}); re-run `energon prepare {jsonl}`"
     return f"{reader}: sample {index} cannot be read ({cause}); {fix.format('DATASET')}"
@@ -240,17 +231,4 @@ class GuardedReader:
 def guard_reads(dataset: Any) -> int:
     """Wrap the sample readers of every Energon sample-loading dataset below ``dataset`` (a built
     ``SavableDataset`` tree) in :class:`GuardedReader`; returns how many were wrapped."""
-    wrapped, seen, stack = 0, set(), [dataset]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        readers = getattr(node, "join_readers", None)
-        if isinstance(readers, list):
-            for i, reader in enumerate(readers):
-                if not isinstance(reader, GuardedReader):
-                    readers[i] = GuardedReader(reader)
-                    wrapped += 1
-        stack.extend(getattr(node, "datasets", None) or ())
-    return wrapped
+    return wrap_leaf_readers(dataset, GuardedReader, lambda reader: isinstance(reader, GuardedReader))

@@ -17,12 +17,11 @@ reason. A sample that was read and then fails at decode time (after packing) tur
 into a *skip* (``after_read``), so a dataset whose every media item fails only when decoded stops
 too. Skips are otherwise quiet: one warning line (logger ``energon_nemotron``) at the first skip of
 a process, then at most one every ``WARN_EVERY_S`` seconds; Energon's own per-error prints are
-dropped (:func:`quiet_energon_error_prints`).
+dropped (``_energon.quiet_error_prints``).
 """
 
 from __future__ import annotations
 
-import builtins
 import logging
 import time
 from collections import deque
@@ -151,23 +150,3 @@ def record_skip(counts: Any, code: str, example: Optional[str] = None, after_rea
         counts.skip(code, example, after_read)
     else:
         counts.add(code)
-
-
-def _filtered_print(*args: Any, **kwargs: Any) -> None:
-    first = args[0] if args else None
-    if isinstance(first, str) and (first.startswith("Except ") or first.startswith("ErrorContext ")):
-        return
-    builtins.print(*args, **kwargs)
-
-
-def quiet_energon_error_prints() -> None:
-    """Drop the two lines Energon's ``ErrorContext`` prints for every exception it hands to the
-    error handler (``Except <error> in <stage>`` and ``ErrorContext <stage> failed N/M times in a
-    row.``): under ``on_error: skip`` with every sample failing they were megabytes per second of
-    output; our ``ErrorPolicy`` counts each skip and reports it (see the module docstring). Only
-    those two messages of ``megatron.energon.errors`` are affected; idempotent."""
-    try:
-        import megatron.energon.errors as energon_errors
-    except ImportError:                                  # pragma: no cover - energon is a dependency
-        return
-    energon_errors.print = _filtered_print

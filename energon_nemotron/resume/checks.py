@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from energon_nemotron._energon import (inner_datasets, is_loader_state, is_worker_checkpoint, is_wrapper, savable_fields,
+                                      saved_class, saved_inner, worker_dataset_state, worker_root)
 from energon_nemotron.config import describe_value as _kind
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.resume.codec import decode_state
@@ -69,8 +71,6 @@ def energon_position(position: dict, num_workers: int, origin: str = "the loader
     """The decoded Energon ``SavableDataLoaderState`` (or None: saved before any worker started) of
     an Energon loader's ``position``: a ``ConfigError`` naming the entry when it does not decode or
     holds the states of another number of workers."""
-    from megatron.energon.savable_loader import SavableDataLoaderState
-
     if "energon" not in position:
         other = " (it is the position of a Megatron-LM rows loader)" if "workers" in position else ""
         raise ConfigError(f"{origin}: position has no 'energon' key{other}; {DAMAGED}")
@@ -80,7 +80,7 @@ def energon_position(position: dict, num_workers: int, origin: str = "the loader
         raise ConfigError(f"{origin}: {_shorter(str(e))}; {DAMAGED}") from None
     if state is None:
         return None
-    if not isinstance(state, SavableDataLoaderState):
+    if not is_loader_state(state):
         raise ConfigError(f"{origin}: position.energon is {_kind(state)}, not an Energon loader state; {DAMAGED}")
     states, streams = state.worker_states, max(num_workers, 1)
     if not isinstance(states, list) or len(states) != streams:
@@ -94,22 +94,21 @@ def check_state_tree(dataset: Any, state: Any, path: str, origin: str = "the loa
     """What Energon asserts when a worker restores ``state`` into ``dataset`` (there, inside the
     worker, as a bare ``AssertionError``), checked here first: at every level the class name, the
     savable fields, and the number of inner datasets."""
-    from megatron.energon.wrappers.base import BaseWrapperDataset
-
     name = type(dataset).__name__
-    if not isinstance(state, dict) or state.get("__class__") != name:
-        found = state.get("__class__") if isinstance(state, dict) else _kind(state)
+    if saved_class(state) != name:
+        found = saved_class(state) if isinstance(state, dict) else _kind(state)
         raise ConfigError(f"{origin}: {_shorter(path)} is the state of {found}, and the loader has a {name} "
                           f"there; {DAMAGED}")
-    missing = [k for k in getattr(dataset, "_savable_fields", ()) if k not in state]
+    missing = [k for k in savable_fields(dataset) if k not in state]
     if missing:
         raise ConfigError(f"{origin}: {path} ({name}) lacks {', '.join(missing)}; {DAMAGED}")
-    if isinstance(dataset, BaseWrapperDataset) and "datasets" in state:
-        inner = state["datasets"]
-        if not isinstance(inner, list) or len(inner) != len(dataset.datasets):
-            raise ConfigError(f"{origin}: {path}.datasets does not match the {len(dataset.datasets)} inner "
+    recorded, inner = saved_inner(state)
+    if is_wrapper(dataset) and recorded:
+        mine = inner_datasets(dataset)
+        if not isinstance(inner, list) or len(inner) != len(mine):
+            raise ConfigError(f"{origin}: {path}.datasets does not match the {len(mine)} inner "
                               f"dataset(s) of {name}; {DAMAGED}")
-        for i, (ds, sub) in enumerate(zip(dataset.datasets, inner)):
+        for i, (ds, sub) in enumerate(zip(mine, inner)):
             check_state_tree(ds, sub, f"{path}.datasets[{i}]", origin)
 
 
@@ -118,19 +117,17 @@ def restore_energon(loader: Any, position: dict, origin: str = "the loader state
     (decoding, the structure Energon expects, ``restore_state_rank`` itself) is a ``ConfigError``."""
     import traceback
 
-    from megatron.energon.savable_loader import SavableDatasetCheckpoint
-
     state = energon_position(position, loader.num_workers, origin)
     if state is not None and not loader.num_workers:      # the main process's whole tree
         check_state_tree(loader.dataset, state.worker_states[0], "position.energon.worker_states[0]", origin)
     elif state is not None:                                # per worker, restored in the worker
         for w, ckpt in enumerate(state.worker_states):
-            if not isinstance(ckpt, SavableDatasetCheckpoint):
+            if not is_worker_checkpoint(ckpt):
                 raise ConfigError(f"{origin}: position.energon.worker_states[{w}] is {_kind(ckpt)}; {DAMAGED}")
-            inner = getattr(ckpt.state, "dataset_state", None)
+            inner = worker_dataset_state(ckpt)
             if inner is not None:
                 where = f"position.energon.worker_states[{w}].state.dataset_state"
-                check_state_tree(loader.dataset.dataset, inner, where, origin)
+                check_state_tree(worker_root(loader), inner, where, origin)
     try:
         loader.restore_state_rank(state)
     except Exception as e:      # noqa: BLE001 - Energon asserts (often without a message) on a foreign state

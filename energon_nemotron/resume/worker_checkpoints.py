@@ -17,24 +17,24 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from energon_nemotron._energon import empty_worker_checkpoint, initial_worker_checkpoints, worker_sample_counters
+
 
 def start_point(loader: Any) -> tuple[list[int], Optional[list]]:
     """What an Energon ``SavableDataLoader`` starts its workers from, before iterating: each
     worker's sample counter, and the checkpoints it restores (None: the initial state)."""
     if not loader.num_workers:
         return [], None
-    return list(loader._worker_sample_counters), loader.dataset.get_initial_checkpoint()
+    return worker_sample_counters(loader), initial_worker_checkpoints(loader)
 
 
 def settle(state: Any, loader: Any, start: tuple[list[int], Optional[list]]) -> Any:
     """``state`` (``loader.save_state_rank()``) with the checkpoint of every worker that has
     delivered nothing since ``start`` (:func:`start_point`) replaced by the one it started from."""
-    from megatron.energon.savable_loader import SavableDatasetCheckpoint
-
     counters, checkpoints = start
     if state is None or not counters:
         return state
-    for w, count in enumerate(loader._worker_sample_counters):
+    for w, count in enumerate(worker_sample_counters(loader)):
         if count == counters[w]:
-            state.worker_states[w] = checkpoints[w] if checkpoints else SavableDatasetCheckpoint(state=None, offset=0)
+            state.worker_states[w] = checkpoints[w] if checkpoints else empty_worker_checkpoint()
     return state

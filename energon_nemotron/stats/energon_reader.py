@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from megatron.energon import Sample, edataclass, stateless
 
+from energon_nemotron._energon import basic_loader, raw_sample_key, sample_index
 from energon_nemotron.config import EnergonSource, LoaderConfig
 from energon_nemotron.errors import ConfigError, error_code, sample_where
 from energon_nemotron.encoders.over_length import OverLengthSkip
@@ -45,25 +46,11 @@ class Measured(Sample):
     record: SampleRecord
 
 
-def sample_index(sample: Any) -> Optional[int]:
-    """Energon's index of a sample in its dataset: the last entry of its restore key (a crude sample
-    dict, a ``Sample`` or Energon's raw sample data), else its first source's index."""
-    key = sample.get("__restore_key__") if isinstance(sample, dict) else getattr(sample, "__restore_key__", None)
-    if key and isinstance(key[-1], int):
-        return int(key[-1])
-    sources = sample.get("__sources__") if isinstance(sample, dict) else getattr(sample, "__sources__", None)
-    if sources:
-        return int(sources[0].index)
-    return None
-
-
 def sample_key(sample: Any) -> str:
     """The sample's key (``?`` when unknown); Energon's raw data of a JSONL line holds it inside."""
     key = sample.get("__key__") if isinstance(sample, dict) else getattr(sample, "__key__", None)
     if key is None:
-        data = getattr(sample, "data", None)
-        if isinstance(data, (list, tuple)) and data and isinstance(data[0], dict):
-            key = data[0].get("__key__")
+        key = raw_sample_key(sample)
     return "?" if key is None else str(key)
 
 
@@ -183,7 +170,6 @@ def read_energon(cfg: LoaderConfig, src: EnergonSource, rank: int = 0, world: in
     from pathlib import Path
 
     from megatron.energon import WorkerConfig, load_dataset
-    from megatron.energon.savable_loader import BasicDataLoader
     from tqdm import tqdm
 
     check_source(Path(src.path), src.split, cfg.data.default_cooker)
@@ -204,7 +190,7 @@ def read_energon(cfg: LoaderConfig, src: EnergonSource, rank: int = 0, world: in
         failures.take()
         with tqdm(total=total, desc=Path(info["path"]).name, unit="sample", disable=not progress,
                   leave=False, file=sys.stderr) as bar:
-            for measured in BasicDataLoader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None):
+            for measured in basic_loader(dataset):
                 new = failures.take() + [measured.record]
                 records += new
                 bar.update(len(new))

@@ -7,7 +7,7 @@ workers; after an elastic start also what that start skips in the rank's part. N
 the rest is Energon's own state, which the loader checkpoints at every batch so that it is exact.
 
 How often each sample was consumed (:func:`merge_rank_states`), per worker from Energon's state: a
-leaf in its pass ``e`` (``_epoch_count``) has consumed each of the worker's samples ``e`` times, plus
+leaf in its pass ``e`` (``_energon.leaf_epoch``) has consumed each of the worker's samples ``e`` times, plus
 once for the samples it has read in this pass (the slices already opened, and inside the active
 ones up to the read position), less once for every restore key still in flight in the worker's
 buffers (shuffle buffer, packing buffers). A sample read and skipped as bad counts as consumed (it
@@ -30,8 +30,9 @@ order, measured in the README); a rank's state carries its own part of it only a
 
 from energon_nemotron.resume.elastic.filters import install_filters, start_elastic
 from energon_nemotron.resume.elastic.merge import merge_rank_states
-from energon_nemotron.resume.elastic.record import (RecentBatches, dataset_leaves, decode_counts, encode_counts, rank_record,
-                                             rank_skipped, sample_refs)
+from energon_nemotron._energon import sample_refs
+from energon_nemotron.resume.elastic.record import (RecentBatches, dataset_leaves, decode_counts, encode_counts,
+                                                    rank_record, rank_skipped)
 
 __all__ = ["merge_rank_states", "start_elastic", "install_filters", "rank_record", "rank_skipped", "RecentBatches",
            "dataset_leaves", "sample_refs", "encode_counts", "decode_counts"]

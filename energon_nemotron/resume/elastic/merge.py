@@ -8,23 +8,26 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from energon_nemotron.resume.checks import energon_position, state_parts
-from energon_nemotron.resume.elastic.record import (DAMAGED_HINT, LEAF, SELECTORS, VERSION, _owned, encode_counts,
-                                             layout_free, rank_skipped, sample_refs)
+from energon_nemotron._energon import (LEAF, SELECTORS, names_samples, sample_refs, saved_class, saved_inner,
+                                      saved_leaf_epoch, saved_leaf_slices, worker_dataset_state)
 from energon_nemotron.errors import ConfigError
+from energon_nemotron.resume.checks import energon_position, state_parts
+from energon_nemotron.resume.elastic.record import (DAMAGED_HINT, VERSION, _owned, encode_counts, layout_free,
+                                                    rank_skipped)
 from energon_nemotron.resume.fingerprint import fingerprint_diff
 
 
 def _restore_keys(value: Any) -> Iterator[tuple]:
-    """Every tuple holding a ``"Webdataset"`` token anywhere in a state tree (buffers, pending keys)."""
+    """Every restore key anywhere in a saved state tree (buffers, pending keys), leaves' own states
+    excepted."""
     if isinstance(value, tuple):
-        if any(isinstance(t, str) and t == "Webdataset" for t in value) or any(isinstance(t, tuple) for t in value):
+        if names_samples(value):
             yield value
             return
         for v in value:
             yield from _restore_keys(v)
     elif isinstance(value, dict):
-        if value.get("__class__") == LEAF:
+        if saved_class(value) == LEAF:
             return
         for v in value.values():
             yield from _restore_keys(v)
@@ -40,11 +43,11 @@ def _leaf_states(tree: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
     """``(path, state)`` of every leaf in a saved dataset state tree, in depth-first order."""
     if not isinstance(tree, dict):
         return
-    name = tree.get("__class__")
+    name = saved_class(tree)
     if name == LEAF:
         yield path, tree
         return
-    for i, child in enumerate(tree.get("datasets") or []):
+    for i, child in enumerate(saved_inner(tree)[1] or []):
         yield from _leaf_states(child, path + ((i,) if name in SELECTORS else ()))
 
 
@@ -53,8 +56,8 @@ def _read_in_pass(state: dict, offsets: Sequence[int], where: str) -> np.ndarray
     current pass (from the leaf's saved state and the worker's slice ``offsets``)."""
     lo, hi = _owned(offsets)
     read = np.zeros(hi - lo, dtype=np.uint8)
-    pending, active = state.get("_pending_slice_indexes"), state.get("_active_slice_state") or []
-    if pending is None and state.get("_pending_slices_offset") is None and all(a is None for a in active):
+    pending, active, pending_offset = saved_leaf_slices(state)
+    if pending is None and pending_offset is None and all(a is None for a in active):
         return read                                   # the pass has not started
     if pending is None:
         raise ConfigError(f"{where}: the leaf's pending slices are not in the state; cannot tell what it has read")
@@ -81,7 +84,7 @@ def _add_worker(counts: list[np.ndarray], passes: list[list[int]], tree: Any, wo
         if hi <= lo:
             continue
         state = states.get(tuple(leaf["path"]), {})
-        done = int(state.get("_epoch_count", 0))
+        done = saved_leaf_epoch(state)
         mine = done + _read_in_pass(state, offsets, f"{where} leaf {leaf['name']}").astype(np.int16)
         if skipped is not None:                        # skipped by the elastic start: consumed already
             mine = np.maximum(mine, skipped[i][lo:hi])
@@ -96,16 +99,7 @@ def _add_worker(counts: list[np.ndarray], passes: list[list[int]], tree: Any, wo
 
 def _worker_trees(energon: Any, where: str) -> list:
     """The saved dataset state tree of each worker stream (None: a worker that never started)."""
-    from megatron.energon.savable_loader import SavableDatasetCheckpoint
-
-    trees = []
-    for w, entry in enumerate(energon.worker_states):
-        if not isinstance(entry, SavableDatasetCheckpoint):
-            trees.append(entry)                        # no workers: the main process's own tree
-            continue
-        trees.append(getattr(entry.state, "dataset_state", None) if entry.state is not None else None)
-    return trees
-
+    return [worker_dataset_state(entry) for entry in energon.worker_states]
 
 
 def _records(states: Sequence[dict]) -> tuple[list, dict]:

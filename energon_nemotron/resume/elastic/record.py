@@ -10,12 +10,12 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from energon_nemotron._energon import (SELECTORS, batch_worker, inner_datasets, is_leaf, leaf_readers,
+                                      leaf_shuffle_over_epochs, leaf_size, leaf_worker_slices, reader_location,
+                                      sample_refs)
 from energon_nemotron.errors import ConfigError
 
 VERSION = 1
-#: wrappers whose restore keys carry the index of the inner dataset a sample came from
-SELECTORS = ("BlendDataset", "ConcatDataset")
-LEAF = "WebdatasetSampleLoaderDataset"
 #: the loader settings a merged state may be restored under with other values
 LAYOUT = ("dp_rank", "dp_size", "num_workers")
 DAMAGED_HINT = "the state was saved by an older version, or damaged: resume it on the shape that saved it"
@@ -37,23 +37,15 @@ def decode_counts(text: Any, size: int, where: str) -> np.ndarray:
     return counts
 
 
-def _children(dataset: Any) -> list:
-    inner = getattr(dataset, "datasets", None)
-    if isinstance(inner, (list, tuple)):
-        return list(inner)
-    one = getattr(dataset, "dataset", None)
-    return [one] if one is not None and hasattr(one, "save_state") else []
-
-
 def dataset_leaves(dataset: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
     """``(path, leaf)`` for every ``WebdatasetSampleLoaderDataset`` under ``dataset`` in depth-first
     order; ``path``: the inner-dataset index at every blend or concatenation on the way. Another
     wrapper with several inner datasets: ``ConfigError`` (its restore keys do not say which)."""
     name = type(dataset).__name__
-    if name == LEAF:
+    if is_leaf(dataset):
         yield path, dataset
         return
-    children = _children(dataset)
+    children = inner_datasets(dataset)
     if len(children) > 1 and name not in SELECTORS:
         raise ConfigError(f"elastic resume: the dataset tree has a {name} with {len(children)} inner datasets; "
                           f"only {', '.join(SELECTORS)} are supported")
@@ -62,9 +54,9 @@ def dataset_leaves(dataset: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]
 
 
 def _leaf_name(leaf: Any) -> str:
-    reader = leaf.join_readers[0]
-    where = getattr(reader, "base_path", None) or getattr(reader, "jsonl_path", None)
-    return str(where).rstrip("/").rsplit("/", 1)[-1] if where is not None else type(reader).__name__
+    reader = leaf_readers(leaf)[0]
+    where = reader_location(reader)
+    return where.rstrip("/").rsplit("/", 1)[-1] if where is not None else type(reader).__name__
 
 
 def _owned(offsets: Sequence[int]) -> tuple[int, int]:
@@ -85,11 +77,11 @@ def rank_record(dataset: Any, cfg: Any, repeat: bool, skipped: Optional[list] = 
     (:meth:`RecentBatches.since`)."""
     leaves = []
     for i, (path, leaf) in enumerate(dataset_leaves(dataset)):
-        if leaf.shuffle_over_epochs not in (None, 1):
+        if leaf_shuffle_over_epochs(leaf) not in (None, 1):
             raise ConfigError(f"elastic resume: leaf {_leaf_name(leaf)} shuffles its slices over "
-                              f"{leaf.shuffle_over_epochs} epochs; only one epoch at a time is supported")
-        workers = [list(map(int, offsets)) for offsets in leaf.workers_slice_offsets]
-        entry = {"path": list(path), "name": _leaf_name(leaf), "size": len(leaf.join_readers[0]), "workers": workers}
+                              f"{leaf_shuffle_over_epochs(leaf)} epochs; only one epoch at a time is supported")
+        workers = [list(map(int, offsets)) for offsets in leaf_worker_slices(leaf)]
+        entry = {"path": list(path), "name": _leaf_name(leaf), "size": leaf_size(leaf), "workers": workers}
         if skipped is not None:
             lo, hi = _rank_range(workers)
             entry["skipped"] = {"lo": lo, "counts": encode_counts(skipped[i][lo:hi])}
@@ -115,8 +107,8 @@ class RecentBatches:
         its batch index, then the batch's own key)."""
         if not restore_key:
             return
-        worker = int(restore_key[1]) if restore_key[0] == "SavableDatasetWrapper" else 0
-        self.batches[worker % len(self.batches)].append([[list(path), index] for path, index in sample_refs(restore_key[2:])])
+        worker, key = batch_worker(restore_key)
+        self.batches[worker % len(self.batches)].append([[list(path), index] for path, index in sample_refs(key)])
 
     def since(self, energon: Any) -> list:
         """Per worker, the batches (each a list of sample refs ``[path, index]``) after the checkpoint
@@ -137,32 +129,12 @@ class RecentBatches:
                 self.batches[w].extend(batches)
 
 
-def sample_refs(key: Any, path: tuple = ()) -> Iterator[tuple[tuple, int]]:
-    """``(leaf path, sample index)`` of every sample named in an Energon restore key (a tuple, with
-    nested tuples for packs and batches)."""
-    tokens = list(key)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-        if isinstance(token, tuple):
-            yield from sample_refs(token, path)
-        elif token in SELECTORS and isinstance(nxt, int):
-            path, i = path + (nxt,), i + 1
-        elif token == "Webdataset" and isinstance(nxt, int):
-            yield path, nxt
-            i += 1
-        i += 1
-
-
-
 def layout_free(fingerprint: Any) -> Any:
     out = copy.deepcopy(fingerprint)
     if isinstance(out, dict) and isinstance(out.get("loader"), dict):
         for key in LAYOUT:
             out["loader"].pop(key, None)
     return out
-
 
 
 def rank_skipped(leaves: list[dict], where: str) -> Optional[list[np.ndarray]]:

@@ -1,58 +1,26 @@
-"""Megatron-Energon's private surface: every use this library makes of a name Energon does not export,
-an underscore attribute, a replaced method or global, a saved-state key or a message string.
-
-Energon's public API (``megatron.energon.__all__``) does not cover everything the library needs:
-a hook per loaded dataset, the error context of a stage, the per-sample consumption state that
-elastic resume reads. Each such use is one named function (or class) here, so that an Energon
-upgrade that changes one breaks one place, and ``tests/test_energon_surface.py`` exercises each on a
-real prepared dataset. ``docs/energon_surface.md`` lists them. The supported Energon versions are
-checked when this module is imported (:data:`SUPPORTED`).
-"""
+"""The task encoder's stages: their failure tolerance and error contexts, the one hook per loaded
+dataset, the errors Energon raises at build time (recognised by their message), the wrapper base
+class of this library's own stage, and Energon's plain loader."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-import megatron.energon
 from megatron.energon.errors import ErrorContext
+from megatron.energon.savable_loader import BasicDataLoader
 from megatron.energon.task_encoder.base import get_failure_tolerance
+from megatron.energon.wrappers.base import BaseWrapperDataset
 
-from energon_nemotron.errors import ConfigError
-
-#: the Energon releases this surface was written against and is tested with (``major.minor.patch``
-#: lower bound inclusive, upper bound exclusive)
-SUPPORTED = ((7, 4, 1), (7, 5, 0))
-
-__all__ = ["SUPPORTED", "check_version", "stage_failure_tolerance", "set_default_failure_tolerance",
-           "stage_error_context", "DatasetHook", "is_weighted_blend_error", "is_no_cooker_error"]
+#: a dataset wrapper of Energon's (inner datasets, its own savable state): the base of this
+#: library's own stage (``encoders.one_pass``)
+WrapperDataset = BaseWrapperDataset
 
 
-def _release(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts + [0] * (3 - len(parts)))
-
-
-def check_version(version: str) -> None:
-    """``ConfigError`` unless ``version`` (``megatron.energon.__version__``) is in :data:`SUPPORTED`."""
-    low, high = SUPPORTED
-    if version == "unknown" or not low <= _release(version) < high:
-        shown = ".".join(map(str, low)), ".".join(map(str, high))
-        raise ConfigError(f"megatron-energon {version} is installed; energon-nemotron relies on Energon internals "
-                          f"tested with >={shown[0]},<{shown[1]} (docs/energon_surface.md): install "
-                          f"'megatron-energon[av-decode]>={shown[0]},<{shown[1]}'")
-
-
-check_version(megatron.energon.__version__)
-
-
-# -- failure tolerance and error contexts of the task encoder's stages ------------------------------
-def stage_failure_tolerance(stage: Callable, default: Any) -> int:
-    """The failure tolerance Energon gives a stage function (its ``@failure_tolerance`` marker, else
-    the task encoder's ``__default_failure_tolerance__``; 0: never fatal)."""
-    return get_failure_tolerance(stage, default)
+def stage_failure_tolerance(encoder: Any, stage: Callable) -> int:
+    """The failure tolerance Energon gives a stage function of ``encoder`` (its
+    ``@failure_tolerance`` marker, else the task encoder's ``__default_failure_tolerance__``; 0:
+    never fatal)."""
+    return get_failure_tolerance(stage, encoder.__default_failure_tolerance__)
 
 
 def set_default_failure_tolerance(encoder: Any, tolerance: int) -> None:
@@ -69,7 +37,6 @@ def stage_error_context(name: str, handler: Callable, tolerance: int) -> ErrorCo
     return ErrorContext(name, handler, tolerance)
 
 
-# -- the one hook per loaded dataset ------------------------------------------------------------------
 class DatasetHook:
     """Mixin for a ``TaskEncoder``: :meth:`dataset_loaded` sees every dataset Energon loads for it,
     with the dataset it built. Energon has no public hook per dataset; its private
@@ -90,7 +57,6 @@ class DatasetHook:
         return self.dataset_loaded(dataset, built, worker_config)
 
 
-# -- errors Energon raises at build time, recognised by their message ---------------------------------
 def is_weighted_blend_error(exc: BaseException) -> bool:
     """Whether ``exc`` is Energon's ``AssertionError`` for a weighted blend read with ``repeat=False``
     (a weighted blend has no epoch: ``metadataset`` ``blend`` without ``blend_epochized``)."""
@@ -100,3 +66,19 @@ def is_weighted_blend_error(exc: BaseException) -> bool:
 def is_no_cooker_error(exc: BaseException) -> bool:
     """Whether ``exc`` is Energon's ``ValueError`` for a crude dataset whose subflavors match no cooker."""
     return isinstance(exc, ValueError) and "No cooker found" in str(exc)
+
+
+def basic_loader(dataset: Any) -> Any:
+    """Energon's plain (not savable) loader of a built dataset, in this process."""
+    return BasicDataLoader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None)
+
+
+def saves(*fields: str) -> Callable[[type], type]:
+    """Class decorator for a :data:`WrapperDataset` of this library's: the attributes Energon saves in
+    its state and restores (its ``_savable_fields``)."""
+
+    def declare(cls: type) -> type:
+        cls._savable_fields = fields
+        return cls
+
+    return declare

@@ -1,0 +1,81 @@
+"""Energon's metadata files and aux sources (file stores): YAML as Energon parses it, and entries of an
+aux source found without reading them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from megatron.energon import SourceInfo
+from megatron.energon.cache.file_store import SystemFileStore, WebdatasetFileStore
+from megatron.energon.eyaml import load_yaml as _load_yaml
+from megatron.energon.flavors.webdataset.config import split_name_re
+from megatron.energon.source_info import add_source_info as _add_source_info
+
+
+def load_yaml(data: bytes) -> Any:
+    """YAML parsed as Energon parses its metadata (rapidyaml, ``megatron.energon.eyaml``)."""
+    return _load_yaml(data)
+
+
+def store_kind(store: Any) -> str:
+    """An aux source's kind: ``webdataset`` (a prepared dataset: sqlite index), ``filesystem`` (a
+    folder) or ``other``."""
+    if isinstance(store, WebdatasetFileStore):
+        return "webdataset"
+    if isinstance(store, SystemFileStore) and store.base_dir is not None:
+        return "filesystem"
+    return "other"
+
+
+def store_local_base(store: Any) -> Optional[Path]:
+    """The local folder of a filesystem aux source (None for a remote one)."""
+    return store.base_dir.local_path() if store.base_dir.is_local() else None
+
+
+def webdataset_entry(store: Any, key: str) -> Optional[SourceInfo]:
+    """The source info of entry ``key`` (``SAMPLE.member``) of a prepared-dataset aux source, as its
+    ``FileStore.get`` would record it, without reading it; None when there is no such entry."""
+    m = split_name_re.match(key)
+    if not m:
+        return None
+    reader = store.sqlite_reader
+    try:
+        if store.db_has_sample_parts:
+            tar_id = reader.get_sample_part(m.group(1), m.group(2)).tar_file_id
+        else:                               # an index without the part table: the sample must exist
+            tar_id = reader.get_sample_pointer_by_key(m.group(1)).tar_file_id
+    except KeyError:
+        return None
+    return SourceInfo(dataset_path=store.base_path, index=key, shard_name=store.tar_filenames[tar_id],
+                      file_names=(key,))
+
+
+def filesystem_entry(store: Any, key: str) -> SourceInfo:
+    """The source info a folder aux source records for entry ``key``."""
+    return SourceInfo(dataset_path=store.base_dir, index=key, shard_name=str(store.base_dir), file_names=(key,))
+
+
+def store_entry_names(store: Any) -> Optional[list[str]]:
+    """Every entry name of a prepared-dataset aux source with a part table (None otherwise)."""
+    if store_kind(store) == "webdataset" and store.db_has_sample_parts:
+        return [full for full, _, _ in store.list_all_sample_parts()]
+    return None
+
+
+def add_source_info(sample: Any, info: SourceInfo) -> None:
+    """Record ``info`` in a crude sample's ``__sources__`` (as Energon's own aux reads do)."""
+    _add_source_info(sample, info)
+
+
+def indexed_sample_key(meta: Path, shard: int, position: int) -> Optional[str]:
+    """The key of the ``position``-th sample of shard number ``shard`` (in ``.info`` order) of a
+    prepared dataset, from the ``index.sqlite`` that ``energon prepare`` writes in its metadata
+    folder ``meta`` (None when it has no such sample); raises what sqlite raises."""
+    import sqlite3
+
+    uri = (meta / "index.sqlite").resolve().as_uri() + "?mode=ro"
+    with sqlite3.connect(uri, uri=True) as db:
+        row = db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
+                         (shard, position)).fetchone()
+    return row[0] if row else None
