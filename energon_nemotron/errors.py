@@ -98,7 +98,7 @@ def error_code(exc: BaseException) -> str:
         return "invalid_utf8"
     if isinstance(exc, json.JSONDecodeError):
         return "invalid_json"
-    # the checks of ``json_safety`` and ``cookers.media`` catch these first; a library that meets
+    # the checks of ``guards.json_safety`` and ``cookers.media`` catch these first; a library that meets
     # them anyway (a tokenizer given a surrogate, a path with NUL or over the OS limit) is counted
     # by the same codes, not as ``other``
     if isinstance(exc, UnicodeEncodeError) and "surrogate" in str(exc):

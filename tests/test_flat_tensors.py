@@ -1,4 +1,4 @@
-"""A ``PackedBatch`` pickles its token tensors as one flat buffer (``flat_tensors``): by value when
+"""A ``PackedBatch`` pickles its token tensors as one flat buffer (``tensors.flat``): by value when
 small, one shared-memory segment when large; through a real multi-worker ``DataLoader`` the batch
 arrives bit-identical."""
 

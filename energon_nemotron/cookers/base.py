@@ -38,7 +38,7 @@ def build_cookers(default_cooker: Optional[str] = None) -> list[Cooker]:
 def payload(sample: dict, where: str) -> dict:
     """The JSON object of a crude sample: the ``json`` member of a WebDataset sample or the line
     of a JSONL dataset (decoded by Energon, or raw bytes/str when no decoder runs), checked by
-    ``json_safety`` (nesting limit before parsing; no NUL or lone surrogate in any string)."""
+    ``guards.json_safety`` (nesting limit before parsing; no NUL or lone surrogate in any string)."""
     keys = [k for k in sample if not k.startswith("__") and (k == "json" or k.endswith(".json"))]
     if not keys:
         members = sorted(k for k in sample if not k.startswith("__"))
