@@ -1,29 +1,176 @@
 """``PackedBatch``: the one output type of the library, produced by both input paths.
 
 A micro-batch of packed rows ready for a Megatron model with ``qkv_format="thd"``: the token
-tensors, the segment boundaries, and per row the sources and media it holds. What a consumer
-derives from it (megatron-core ``PackedSeqParams``, multi-token-prediction targets, a context-
-parallel slice, a TP broadcast) lives in ``parallel/``; the Megatron-Bridge step dicts in
-``integrations/``.
+tensors, the segment boundaries, and per row the sources and media it holds (``MediaSpan``: where
+each media item sits; ``BatchMedia``: the items' processed tensors). What a consumer derives from
+it (megatron-core ``PackedSeqParams``, multi-token-prediction targets, a context-parallel slice, a
+TP broadcast) lives in ``parallel/``; the Megatron-Bridge step dicts in ``integrations/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from energon_nemotron.tensors import PackedTensor
 from energon_nemotron.tensors.flat import pack, unpack
 
 #: the label of a position that is not trained
 IGNORE_INDEX = -100
 
-__all__ = ["PackedBatch", "IGNORE_INDEX"]
+__all__ = ["PackedBatch", "MediaSpan", "BatchMedia", "IGNORE_INDEX", "MEDIA_KINDS"]
 
 #: the ``PackedBatch`` fields pickled in one flat buffer
 _FLAT_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded")
+#: the kinds of media item; ``image`` and ``video`` are the visual ones
+MEDIA_KINDS = ("image", "video", "audio")
+
+
+@dataclass(frozen=True)
+class MediaSpan:
+    """One media item of a packed row: where its placeholder sits and what it holds.
+
+    - ``kind``: ``image``, ``video`` or ``audio``; ``sample_key``: the key of the source it is in.
+    - ``token_start``: row position of the placeholder's first id; ``placeholder_len``: ids of the
+      whole placeholder (``<img>`` … ``</img>``, a video's frame texts, ``<so_start>`` … ``<so_end>``).
+    - ``num_tokens``: embedding tokens (placeholder ids the model replaces with embeddings).
+    - ``runs``: ``(offset from token_start, length)`` of each run of embedding placeholder ids, in
+      order (one per image, tile set or video tubelet; one per audio); the lengths sum to ``num_tokens``.
+    - ``grid``: ``(grid_h, grid_w)`` patch grid of each unit (image, tile or frame; visual kinds);
+      ``tiles``: units of a tiled image (only when more than one); ``frames``: a video's frames;
+      ``clips``: an audio's clips.
+
+    Lists given for ``runs`` and ``grid`` are stored as tuples (of ints: ``TypeError`` otherwise).
+    """
+
+    kind: str
+    sample_key: str
+    token_start: int
+    num_tokens: int
+    placeholder_len: int
+    runs: tuple[tuple[int, int], ...]
+    grid: Optional[tuple[int, int]] = None
+    tiles: Optional[int] = None
+    frames: Optional[int] = None
+    clips: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in MEDIA_KINDS:
+            raise ValueError(f"MediaSpan of {self.sample_key}: kind must be one of {MEDIA_KINDS}, got {self.kind!r}")
+        index = operator.index                 # ints only (TypeError for a float or a str)
+        object.__setattr__(self, "runs", tuple((index(offset), index(n)) for offset, n in self.runs))
+        if self.grid is not None:
+            gh, gw = self.grid
+            object.__setattr__(self, "grid", (index(gh), index(gw)))
+
+    @property
+    def is_audio(self) -> bool:
+        return self.kind == "audio"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The span as the plain dict the preview prints (its JSON ``media`` entries, the text
+        view): ``kind``, ``num_tokens``, ``placeholder_len``, ``runs`` (lists), then ``grid`` and
+        ``tiles`` (image), ``frames`` and ``grid`` (video) or ``clips`` (audio) where set, then
+        ``sample_key`` and ``token_start``."""
+        out: dict[str, Any] = {"kind": self.kind, "num_tokens": self.num_tokens,
+                               "placeholder_len": self.placeholder_len, "runs": [list(r) for r in self.runs]}
+        order = ("frames", "grid", "tiles", "clips") if self.kind == "video" else ("grid", "tiles", "frames", "clips")
+        for name in order:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if name == "grid" else value
+        out["sample_key"] = self.sample_key
+        out["token_start"] = self.token_start
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MediaSpan":
+        """Inverse of :meth:`as_dict` (``TypeError`` on a missing or unknown key)."""
+        return cls(**d)
+
+
+#: the tensor fields of ``BatchMedia`` (what its dict-style view holds), in order
+_MEDIA_TENSORS = ("pixel_values", "image_sizes", "num_frames", "sound_features", "sound_lengths")
+
+
+@dataclass(frozen=True, eq=False)
+class BatchMedia:
+    """The processed media items of a batch, every row's: row after row, each row's items in the
+    order of its ``media_spans``. Visual items (image and video spans) are in the first four fields,
+    audio items in the last two; the fields of a kind the batch lacks are None. Energon path only.
+
+    - ``pixel_values``: ``PackedTensor``, per visual item float32 [P_i, 3·p·p] (p = ``patch_size``;
+      rows are patches of C·p·p values, (C, p, p) flattened, raster order; deduplicated: an image
+      used twice or a video's repeated frames are stored once).
+    - ``image_sizes``: ``PackedTensor``, per visual item int32 [units_i, 2]: the (grid_h, grid_w)
+      patch grid of each image, tile or frame.
+    - ``num_frames``: int32 [N_visual]: units per visual item.
+    - ``patch_size``: p, pixels per patch side of ``pixel_values`` (as the media options set it).
+    - ``sound_features``: ``PackedTensor``, per audio item float32 [clips_i, F, mel] (F: the
+      batch's longest clip, shorter ones zero-padded; deduplicated).
+    - ``sound_lengths``: ``PackedTensor``, per audio item int64 [clips_i]: mel frames of each clip.
+
+    Read-only dict-style access (``media["pixel_values"]``, ``keys()``, ``values()``, ``items()``,
+    ``in``, ``len``, truth) covers the tensor fields that are set, as the dict this type replaced
+    held them; ``patch_size`` is an attribute only. :meth:`PackedBatch.media_items` says which
+    items are a row's.
+    """
+
+    pixel_values: Optional[PackedTensor] = None
+    image_sizes: Optional[PackedTensor] = None
+    num_frames: Optional[torch.Tensor] = None
+    patch_size: Optional[int] = None
+    sound_features: Optional[PackedTensor] = None
+    sound_lengths: Optional[PackedTensor] = None
+
+    @property
+    def num_visual(self) -> int:
+        """Visual items (image and video) of the batch."""
+        return 0 if self.pixel_values is None else len(self.pixel_values)
+
+    @property
+    def num_audio(self) -> int:
+        """Audio items of the batch."""
+        return 0 if self.sound_features is None else len(self.sound_features)
+
+    def present(self) -> list[tuple[str, Any]]:
+        """``(field name, value)`` of every field that is set (``patch_size`` too), in field order."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+    def map(self, fn: Callable[[Any], Any]) -> "BatchMedia":
+        """A copy with ``fn`` applied to every tensor and ``PackedTensor`` that is set."""
+        return dataclasses.replace(self, **{k: fn(v) for k, v in self.items()})
+
+    # -- read-only dict-style view of the tensor fields ------------------------------------------
+    def keys(self) -> list[str]:
+        return [k for k in _MEDIA_TENSORS if getattr(self, k) is not None]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, k) for k in self.keys()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name) if name in self else default
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in _MEDIA_TENSORS and getattr(self, str(name)) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
 
 
 @dataclass
@@ -43,7 +190,10 @@ class PackedBatch:
     - ``sample_keys``: per row, the key of every source in order.
     - ``is_padding``: per row, True for a row that only evens out data-parallel ranks
       (its ``loss_mask`` is all zero).
-    - ``media``: named ``PackedTensor``s (Energon path; empty on the Megatron-LM path).
+    - ``media``: the media items' tensors (:class:`BatchMedia`; Energon path, empty on the
+      Megatron-LM path).
+    - ``media_spans``: per row, one :class:`MediaSpan` per media item, in placeholder order
+      (row position); ``media`` holds the items in the same order, row after row.
     """
 
     tokens: torch.Tensor
@@ -55,13 +205,11 @@ class PackedBatch:
     max_seqlen: list[int]
     sample_keys: list[list[str]]
     is_padding: list[bool] = field(default_factory=list)
-    media: dict[str, Any] = field(default_factory=dict)
+    media: BatchMedia = field(default_factory=BatchMedia)
     #: per-reason counts of samples skipped since the previous batch of the same worker
     skipped: dict[str, int] = field(default_factory=dict)
-    #: per row, one dict per media item in placeholder order: kind, sample_key, token_start (first
-    #: placeholder id), num_tokens (embedding tokens), placeholder_len, runs ([offset from
-    #: token_start, length] of each run of embedding placeholders), and grid / frames / clips
-    media_spans: list[list[dict]] = field(default_factory=list)
+    #: per row, one ``MediaSpan`` per media item in placeholder order
+    media_spans: list[list[MediaSpan]] = field(default_factory=list)
     #: multi-token-prediction layers of the model (0: none); ``parallel.mtp_targets`` accepts depths up to it
     mtp_num_layers: int = 0
     #: set by Energon's batching so a batch can be restored from its samples
@@ -72,11 +220,18 @@ class PackedBatch:
             self.is_padding = [False] * self.tokens.shape[0]
         if not self.media_spans:
             self.media_spans = [[] for _ in range(self.tokens.shape[0])]
+        if not isinstance(self.media, BatchMedia):
+            raise TypeError(f"PackedBatch.media must be a BatchMedia, got {type(self.media).__name__} "
+                            "(a dict of its fields: BatchMedia(**d))")
+        for row in self.media_spans:
+            for span in row:
+                if not isinstance(span, MediaSpan):
+                    raise TypeError(f"PackedBatch.media_spans holds MediaSpans, got {type(span).__name__}")
 
     def __getstate__(self) -> dict:
         """Pickled with its token tensors in one flat buffer (``flat_tensors``): a batch leaves a
         ``DataLoader`` worker by value (up to 1 MiB) or as one shared-memory segment, instead of
-        one segment per tensor. ``media`` pickles as its ``PackedTensor``s do."""
+        one segment per tensor. ``media`` (a ``BatchMedia``) pickles as its ``PackedTensor``s do."""
         state = dict(self.__dict__)
         rows = len(self.cu_seqlens)
         tensors = [self.tokens, self.labels, self.loss_mask, self.position_ids, *self.cu_seqlens,
@@ -140,6 +295,24 @@ class PackedBatch:
         if bool(((self.loss_mask != 0) & (self.labels == IGNORE_INDEX)).any()):
             raise ValueError("loss_mask is 1 at a position whose label is -100")
 
+    def media_items(self, row: int) -> list[tuple[MediaSpan, int]]:
+        """Row ``row``'s spans in stored (placeholder) order, each with the index of its item in
+        ``media``: in the visual fields (``pixel_values``, ``image_sizes``, ``num_frames``) for an
+        image or video, in the audio fields (``sound_features``, ``sound_lengths``) for audio.
+        ``media`` lists every row's items row after row, each row's in its spans' order, so a
+        row's items follow those of the rows before it."""
+        visual = sum(1 for r in range(row) for s in self.media_spans[r] if not s.is_audio)
+        audio = sum(1 for r in range(row) for s in self.media_spans[r] if s.is_audio)
+        out = []
+        for span in self.media_spans[row]:
+            if span.is_audio:
+                out.append((span, audio))
+                audio += 1
+            else:
+                out.append((span, visual))
+                visual += 1
+        return out
+
     def row(self, i: int) -> dict[str, Any]:
         """Row ``i`` as a dict of 1-D tensors and metadata."""
         return {
@@ -175,6 +348,7 @@ class PackedBatch:
             tokens=fn(self.tokens), labels=fn(self.labels), loss_mask=fn(self.loss_mask),
             position_ids=fn(self.position_ids), cu_seqlens=[fn(c) for c in self.cu_seqlens],
             cu_seqlens_padded=[fn(c) for c in self.cu_seqlens_padded],
-            media={k: fn(v) for k, v in self.media.items()},
+            media=self.media.map(fn),
             max_seqlen=list(self.max_seqlen), sample_keys=[list(k) for k in self.sample_keys],
             is_padding=list(self.is_padding), skipped=dict(self.skipped))
+

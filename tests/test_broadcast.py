@@ -19,12 +19,13 @@ from energon_nemotron import tensors
 from energon_nemotron.tensors import PackedTensor
 from energon_nemotron.parallel.broadcast import (
     WIRE_VERSION, _decode_header, batches_equal, broadcast_packed_batch, packed_batch_from_wire, packed_batch_to_wire)
-from energon_nemotron.batch import PackedBatch
+from energon_nemotron.batch import BatchMedia, MediaSpan, PackedBatch
 
 
 def text_batch() -> PackedBatch:
     """B=2, S=8, built by hand; every metadata field set."""
     tokens = torch.arange(16, dtype=torch.int64).reshape(2, 8) + 100
+    tokens[0, 2:5] = 7                                 # the image's embedding run
     labels = torch.full((2, 8), -100, dtype=torch.int64)
     labels[0, 2:5] = tokens[0, 3:6]
     loss_mask = (labels != -100).to(torch.float32)
@@ -35,8 +36,11 @@ def text_batch() -> PackedBatch:
         cu_seqlens_padded=[torch.tensor([0, 5, 8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32)],
         max_seqlen=[5, 8], sample_keys=[["ds/a#0", "ds/b#3"], ["pad"]], is_padding=[False, True],
         skipped={"too_long": 2, "bad_media": 1},
-        media_spans=[[{"kind": "image", "sample_key": "ds/a#0", "token_start": 1, "num_tokens": 3,
-                       "grid": [2, 3]}], []])
+        media_spans=[[MediaSpan(kind="image", sample_key="ds/a#0", token_start=1, num_tokens=3,
+                                placeholder_len=4, runs=((1, 3),), grid=(2, 3))], []],
+        media=BatchMedia(pixel_values=PackedTensor.from_list([torch.arange(72, dtype=torch.float32).reshape(6, 12)]),
+                         image_sizes=PackedTensor.from_list([torch.tensor([[2, 3]], dtype=torch.int32)]),
+                         num_frames=torch.tensor([1], dtype=torch.int32), patch_size=2))
     batch.__restore_key__ = ("Encoded", ("Webdataset", "shard-0.tar", 3), ("Webdataset", "shard-1.tar", 7), 1.5)
     if hasattr(batch, "mtp_num_layers"):  # a field added later travels too (the header lists every field)
         batch.mtp_num_layers = 2
@@ -62,21 +66,31 @@ def media_batch(seed: int) -> PackedBatch:
         cu_seqlens=[torch.tensor([0, 10, 20], dtype=torch.int32), torch.tensor([0, 24], dtype=torch.int32)],
         cu_seqlens_padded=[torch.tensor([0, 12, 24], dtype=torch.int32), torch.tensor([0, 24], dtype=torch.int32)],
         max_seqlen=[12, 24], sample_keys=[[f"k{seed}", "k2"], ["k3"]], skipped={},
-        media={
-            "pixel_values": pixel_values,
-            "image_sizes": PackedTensor.from_list([randint(64, (n, 2), torch.int32) for n in n_img]),
-            "num_frames": randint(9, (3,), torch.int32),
-            "sound_features": sound,
-            "sound_lengths": randint(3000, (2,)),
-            "video_bf16": PackedTensor.from_list([torch.randn(2, 3, 4, generator=g).to(torch.bfloat16),
-                                                  torch.randn(0, 3, 4).to(torch.bfloat16)]),
-            "image_mask": randint(2, (5, 7)).bool(),
-            "no_audio": PackedTensor.empty((7,), torch.float16),
-            "transposed": torch.randn(4, 6, generator=g).t(),  # not contiguous
-            "scalar": torch.tensor(seed, dtype=torch.int16),
-        })
+        media=BatchMedia(
+            pixel_values=pixel_values,
+            image_sizes=PackedTensor.from_list([randint(64, (n, 2), torch.int32) for n in n_img]),
+            num_frames=randint(9, (3,), torch.int32),
+            patch_size=2,
+            sound_features=sound,
+            sound_lengths=randint(3000, (2,)),
+        ))
     batch.__restore_key__ = ("Encoded", ("Webdataset", f"s{seed}.tar", seed))
     return batch
+
+
+def dtype_batch(seed: int) -> PackedBatch:
+    """``media_batch(seed)`` with media slots holding what the wire must carry bit-exact whatever a
+    slot holds: bfloat16 with an empty item, bool, an empty float16 PackedTensor, a non-contiguous
+    tensor, an int16 scalar."""
+    g = torch.Generator().manual_seed(seed)
+    return media_batch(seed).replace(media=BatchMedia(
+        pixel_values=PackedTensor.from_list([torch.randn(2, 3, 4, generator=g).to(torch.bfloat16),
+                                             torch.randn(0, 3, 4).to(torch.bfloat16)]),
+        image_sizes=PackedTensor.empty((7,), torch.float16),
+        num_frames=torch.randint(0, 2, (5, 7), generator=g).bool(),
+        sound_features=torch.randn(4, 6, generator=g).t(),  # not contiguous
+        sound_lengths=torch.tensor(seed, dtype=torch.int16),
+    ))
 
 
 def test_text_round_trip():
@@ -105,9 +119,18 @@ def test_media_round_trip_is_bit_exact():
     assert torch.isnan(out.media["pixel_values"].data[0, 0])
     assert torch.signbit(out.media["pixel_values"].data[0, 1])
     assert out.media["sound_lengths"].dtype == torch.int64
-    assert out.media["video_bf16"].offsets.tolist() == [0, 2, 2]
     assert out.media["sound_features"].feature_shape == (5, 128)
+    assert out.media.patch_size == 2
     assert not batches_equal(out, media_batch(4))
+    batch = dtype_batch(3)
+    header, buffers = packed_batch_to_wire(batch)
+    out = packed_batch_from_wire(json.loads(json.dumps(header)), buffers)
+    assert batches_equal(out, batch)
+    for name, value in batch.media.items():
+        got = out.media[name]
+        assert type(got) is type(value) and got.dtype == value.dtype, name
+    assert out.media.pixel_values.offsets.tolist() == [0, 2, 2]
+    assert not batches_equal(out, dtype_batch(4))
 
 
 def test_deduplicated_media_round_trip_once():
@@ -117,14 +140,15 @@ def test_deduplicated_media_round_trip_once():
     g = torch.Generator().manual_seed(6)
     img, frame = torch.randn(5, 12, generator=g), torch.randn(2, 12, generator=g)
     plain = PackedTensor.from_list([img, torch.cat([frame, frame]), img])
-    batch.media["pixel_values"] = tensors.from_keyed([img, [frame, frame], img], ["i", ["f", "f"], "i"])
+    batch.media = dataclasses.replace(batch.media, pixel_values=tensors.from_keyed([img, [frame, frame], img],
+                                                                              ["i", ["f", "f"], "i"]))
     header, buffers = packed_batch_to_wire(batch)
     out = packed_batch_from_wire(json.loads(json.dumps(header)), buffers)
     assert batches_equal(out, batch)
     got = out.media["pixel_values"]
     assert got.is_deduplicated and got.same_structure(batch.media["pixel_values"]) and got.equal(plain)
     assert got.keys == ("i", "f")
-    as_plain = dataclasses.replace(batch, media={**batch.media, "pixel_values": plain})
+    as_plain = dataclasses.replace(batch, media=dataclasses.replace(batch.media, pixel_values=plain))
     nbytes = lambda bufs: sum(b.numel() for b in bufs.values())  # noqa: E731
     saved = nbytes(packed_batch_to_wire(as_plain)[1]) - nbytes(buffers)
     assert saved == plain.physical_nbytes - (5 + 2) * 12 * 4 == (5 + 2) * 12 * 4
@@ -153,10 +177,10 @@ def test_batches_equal_is_strict():
 
 
 def test_misaligned_buffers_are_copied():
-    batch = media_batch(5)
-    header, buffers = packed_batch_to_wire(batch)
-    shifted = {k: torch.cat([torch.zeros(1, dtype=torch.uint8), v])[1:] for k, v in buffers.items()}
-    assert batches_equal(packed_batch_from_wire(header, shifted), batch)
+    for batch in (media_batch(5), dtype_batch(5)):
+        header, buffers = packed_batch_to_wire(batch)
+        shifted = {k: torch.cat([torch.zeros(1, dtype=torch.uint8), v])[1:] for k, v in buffers.items()}
+        assert batches_equal(packed_batch_from_wire(header, shifted), batch)
 
 
 def test_tagged_metadata_round_trips():
@@ -206,6 +230,8 @@ _DELETE = object()
     (_corrupt(["meta", "__restore_key__"], ["a"]), "tuple"),
     (_corrupt(["meta", "__restore_key__"], {"__dict__": [[[1], 2]]}), "malformed"),
     (_corrupt(["media"], [["x", {"kind": "mystery"}]]), "kind"),
+    (_corrupt(["media", 0, 0], "video_bf16"), "not a BatchMedia field"),
+    (_corrupt(["meta", "media_spans"], [[{"kind": "image"}], []]), "malformed"),
     (_corrupt(["media"], [["x", {"kind": "packed", "offset": 0,
                                  "wire": {"dtype": "float32", "feature_shape": ["a"], "offsets": [0, 1]}}]]),
      "malformed"),
@@ -253,10 +279,10 @@ def _worker(rank: int, world: int, port: int) -> None:
     try:
         # (src, seed, max_chunk_bytes): default chunk, many small chunks, the last rank as source
         for src, seed, chunk in ((0, 11, 64 * 2**20), (1, 12, 1000), (world - 1, 13, 7)):
-            expected = media_batch(seed)
-            got = broadcast_packed_batch(expected if rank == src else None, src, max_chunk_bytes=chunk)
-            assert batches_equal(got, expected), (rank, src, seed)
-            assert (got is expected) == (rank == src)
+            for expected in (media_batch(seed), dtype_batch(seed)):
+                got = broadcast_packed_batch(expected if rank == src else None, src, max_chunk_bytes=chunk)
+                assert batches_equal(got, expected), (rank, src, seed)
+                assert (got is expected) == (rank == src)
         expected = text_batch()
         got = broadcast_packed_batch(expected if rank == 1 else None, 1, max_chunk_bytes=16)
         assert batches_equal(got, expected) and got.__restore_key__ == expected.__restore_key__
@@ -266,9 +292,9 @@ def _worker(rank: int, world: int, port: int) -> None:
         if world >= 4:  # a sub-group: src is a global rank
             sub = dist.new_group([1, 3])
             if rank in (1, 3):
-                expected = media_batch(14)
-                got = broadcast_packed_batch(expected if rank == 3 else None, 3, group=sub, max_chunk_bytes=333)
-                assert batches_equal(got, expected), rank
+                for expected in (media_batch(14), dtype_batch(14)):
+                    got = broadcast_packed_batch(expected if rank == 3 else None, 3, group=sub, max_chunk_bytes=333)
+                    assert batches_equal(got, expected), rank
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -300,7 +326,7 @@ def big_media_batch() -> PackedBatch:
     return PackedBatch(tokens=t, labels=t.clone(), loss_mask=torch.ones(1, 64), position_ids=t.clone(),
                        cu_seqlens=[torch.tensor([0, 64], dtype=torch.int32)],
                        cu_seqlens_padded=[torch.tensor([0, 64], dtype=torch.int32)],
-                       max_seqlen=[64], sample_keys=[["a"]], media={"pixel_values": pv})
+                       max_seqlen=[64], sample_keys=[["a"]], media=BatchMedia(pixel_values=pv))
 
 
 def join_gloo(rank: int, port: int, world: int = 2) -> None:
@@ -382,17 +408,17 @@ def _nccl_worker(rank: int, port: int) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
     try:
-        expected = media_batch(21)                                 # host tensors on the source
-        got = broadcast_packed_batch(expected if rank == 0 else None, 0, max_chunk_bytes=333)
-        if rank == 1:
-            assert got.tokens.device.type == "cuda"
-            on_host = dataclasses.replace(got, **{k: getattr(got, k).cpu() for k in
-                                                  ("tokens", "labels", "loss_mask", "position_ids")})
-            on_host.cu_seqlens = [c.cpu() for c in got.cu_seqlens]
-            on_host.cu_seqlens_padded = [c.cpu() for c in got.cu_seqlens_padded]
-            on_host.media = {k: v.to("cpu") if hasattr(v, "to") else v for k, v in got.media.items()}
-            on_host.__restore_key__ = got.__restore_key__
-            assert batches_equal(on_host, expected)
+        for expected in (media_batch(21), dtype_batch(21)):        # host tensors on the source
+            got = broadcast_packed_batch(expected if rank == 0 else None, 0, max_chunk_bytes=333)
+            if rank == 1:
+                assert got.tokens.device.type == "cuda"
+                on_host = dataclasses.replace(got, **{k: getattr(got, k).cpu() for k in
+                                                      ("tokens", "labels", "loss_mask", "position_ids")})
+                on_host.cu_seqlens = [c.cpu() for c in got.cu_seqlens]
+                on_host.cu_seqlens_padded = [c.cpu() for c in got.cu_seqlens_padded]
+                on_host.media = got.media.map(lambda v: v.to("cpu"))
+                on_host.__restore_key__ = got.__restore_key__
+                assert batches_equal(on_host, expected)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -75,7 +75,7 @@ def test_multimodal_loader_config(tmp_path):
         batch.validate()
         got += [k for row in batch.sample_keys for k in row]
         for span in (s for row in batch.media_spans for s in row):
-            kinds[span["kind"]] = kinds.get(span["kind"], 0) + 1
+            kinds[span.kind] = kinds.get(span.kind, 0) + 1
     assert sorted(got) == sorted(keys) and kinds == {"image": 6, "video": 2, "audio": 2}
 
 

@@ -59,8 +59,8 @@ def check_batch(batch, vocab):
             assert batch.labels[r, start - 1:start + n].eq(-100).all()       # placeholders never trained
     media = batch.media
     spans = [s for row in batch.media_spans for s in row]
-    visual = [s for s in spans if s["kind"] != "audio"]
-    audio = [s for s in spans if s["kind"] == "audio"]
+    visual = [s for s in spans if s.kind != "audio"]
+    audio = [s for s in spans if s.kind == "audio"]
     if visual:
         pv, sizes = media["pixel_values"], media["image_sizes"]
         assert len(pv) == len(visual) == len(sizes) == media["num_frames"].numel()
@@ -71,21 +71,21 @@ def check_batch(batch, vocab):
             grid = sizes[k]
             assert rows == int((grid[:, 0] * grid[:, 1]).sum())
             assert pv[k].shape[1] == 3 * 16 * 16 and pv[k].dtype == torch.float32
-            if span["kind"] == "image":
+            if span.kind == "image":
                 expected.append(rows // 4)
-                assert span["num_tokens"] == rows // 4
+                assert span.num_tokens == rows // 4
             else:
                 tubelets = sizes[k].shape[0] // 2
                 per = int(grid[0, 0] * grid[0, 1]) // 4
                 expected += [per] * tubelets
-                assert span["num_tokens"] == per * tubelets and span["frames"] <= sizes[k].shape[0]
+                assert span.num_tokens == per * tubelets and span.frames <= sizes[k].shape[0]
         assert [n for _, n in visual_runs] == expected
     else:
         assert not visual_runs and "pixel_values" not in media
     if audio:
         feats, lengths = media["sound_features"], media["sound_lengths"]
         assert len(feats) == len(audio) == len(lengths)
-        assert [n for _, n in audio_runs] == [s["num_tokens"] for s in audio]
+        assert [n for _, n in audio_runs] == [s.num_tokens for s in audio]
         for k in range(len(audio)):
             assert feats[k].shape[-1] == 128 and feats[k].shape[0] == lengths[k].numel()
     else:

@@ -112,7 +112,7 @@ def test_loader_stores_each_media_segment_once(shared_media):
     batch.validate()
     pv, sound = batch.media["pixel_values"], batch.media["sound_features"]
     assert pv.is_deduplicated and sound.is_deduplicated and not batch.media["image_sizes"].is_deduplicated
-    kinds = [s["kind"] for row in batch.media_spans for s in row if s["kind"] != "audio"]
+    kinds = [s.kind for row in batch.media_spans for s in row if s.kind != "audio"]
     images = [pv[k] for k, kind in enumerate(kinds) if kind == "image"]
     videos = [pv[k] for k, kind in enumerate(kinds) if kind == "video"]
     assert len(images) == 5 and len(videos) == 2 and len(sound) == 2
@@ -151,9 +151,9 @@ def _free_port() -> int:
 
 def _plain(batch):
     """The batch with its media in the plain layout (every use stored and sent)."""
-    media = {k: PackedTensor.from_list(list(v), feature_shape=v.feature_shape, dtype=v.dtype)
-             if isinstance(v, PackedTensor) else v for k, v in batch.media.items()}
-    return batch.replace(media=media)
+    return batch.replace(media=batch.media.map(
+        lambda v: PackedTensor.from_list(list(v), feature_shape=v.feature_shape, dtype=v.dtype)
+        if isinstance(v, PackedTensor) else v))
 
 
 def _broadcast_worker(rank: int, port: int, folder: str) -> None:

@@ -65,12 +65,12 @@ def read_all(cfg: dict):
         batch.validate()
         keys += [k for row in batch.sample_keys for k in row]
         spans = [s for row in batch.media_spans for s in row]
-        kinds.update(s["kind"] for s in spans)
-        visual = [s for s in spans if s["kind"] != "audio"]
+        kinds.update(s.kind for s in spans)
+        visual = [s for s in spans if s.kind != "audio"]
         if visual:
             assert len(batch.media["pixel_values"]) == len(visual)
         # the placeholder runs hold exactly the planned media tokens
-        assert sum(int((batch.tokens == i).sum()) for i in embedding_ids()) == sum(s["num_tokens"] for s in spans)
+        assert sum(int((batch.tokens == i).sum()) for i in embedding_ids()) == sum(s.num_tokens for s in spans)
     return keys, kinds, loader
 
 

@@ -155,7 +155,7 @@ def bridge(project, tmp_path_factory):
 
 
 def kinds(batch) -> set:
-    return {s["kind"] for s in batch.media_spans[0]}
+    return {s.kind for s in batch.media_spans[0]}
 
 
 def test_the_cases_cover_what_the_issue_names(project):
@@ -167,7 +167,7 @@ def test_the_cases_cover_what_the_issue_names(project):
     assert {"image", "mixed"} <= seen["dynamic"] and "video" not in seen["dynamic"]
     assert {"video"} <= seen["temporal-cp2"]
     clips = [s for name, (b, _, _) in project.items() if name.startswith("audio") for s in b.media_spans[0]]
-    assert sorted(s["clips"] for s in clips) == [1, 1, 1, 2]          # 45 s: a 30 s clip and a 15 s one
+    assert sorted(s.clips for s in clips) == [1, 1, 1, 2]          # 45 s: a 30 s clip and a 15 s one
     assert any(name.startswith("gpt") for name in project)
     assert all(not b.media_spans[0] for name, (b, _, _) in project.items() if name.startswith("text"))
 
@@ -183,7 +183,7 @@ def test_bridge_merge_gives_back_the_project_row(project, bridge):
         assert got["loss_tokens"] == int(batch.loss_mask[0].sum()) > 0, name
         # compact on the way in: one <image> per image / tubelet
         assert d["tokens"].shape[1] == batch.seq_length - sum(n - 1 for s in batch.media_spans[0]
-                                                              if s["kind"] != "audio" for _, n in s["runs"])
+                                                              if s.kind != "audio" for _, n in s.runs)
 
 
 def test_bridge_packed_seq_params_are_the_project_boundaries(project, bridge):
@@ -210,7 +210,7 @@ def test_bridge_vision_and_sound_counts(project, bridge):
             continue
         got = bridge[name]
         spans = batch.media_spans[0]
-        visual = [s for s in spans if s["kind"] != "audio"]
+        visual = [s for s in spans if s.kind != "audio"]
         if visual:
             units = torch.cat([batch.media["image_sizes"][i] for i in range(len(visual))]).to(torch.int64)
             counts = (units[:, 0] * units[:, 1]).tolist()
@@ -218,10 +218,10 @@ def test_bridge_vision_and_sound_counts(project, bridge):
             assert got["vision_images_shape"] == [1, sum(counts), 768] and got["vision_images_dtype"] == "torch.bfloat16"
         else:
             assert got["vision_cu_seqlens"] is None and "imgs_sizes" not in got["forward_keys"]
-        audio = [s for s in spans if s["kind"] == "audio"]
+        audio = [s for s in spans if s.kind == "audio"]
         if audio:
             so = int((batch.tokens[0] == project[name][2]["sound_token_id"]).sum())
-            assert sum(got["sound_embedding_lengths"]) == so == sum(s["num_tokens"] for s in audio), name
+            assert sum(got["sound_embedding_lengths"]) == so == sum(s.num_tokens for s in audio), name
             assert got["sound_length"] == d["sound_length"].tolist() and got["sound_clips_dtype"] == "torch.bfloat16"
             assert d["sound_clips"].shape[1] == max(d["sound_length"].tolist())
         else:

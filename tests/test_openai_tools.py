@@ -284,7 +284,7 @@ def check_epoch(cfg, keys, tokenizer) -> None:
     for batch in build_train_loader(cfg, repeat=False):
         batch.validate()
         [[key]] = batch.sample_keys
-        seen[key] = ([s["kind"] for s in batch.media_spans[0]], trained_texts(batch, tokenizer))
+        seen[key] = ([s.kind for s in batch.media_spans[0]], trained_texts(batch, tokenizer))
     assert sorted(seen) == sorted(keys)
     by_index = [seen[k] for k in keys]
     assert [kinds for kinds, _ in by_index] == MEDIA_KINDS

@@ -105,7 +105,7 @@ def test_forged_placeholder_ids_never_reach_a_batch(forged, workers):
         for r in range(batch.batch_size):
             tokens = batch.tokens[r].tolist()
             at = {i for i, t in enumerate(tokens) if t in placeholder_ids}
-            spans = {i for s in batch.media_spans[r] for i in range(s["token_start"], s["token_start"] + s["placeholder_len"])}
+            spans = {i for s in batch.media_spans[r] for i in range(s.token_start, s.token_start + s.placeholder_len)}
             assert at == spans                     # placeholder ids only where a media item put them
             images += len(batch.media_spans[r])
     assert sorted(keys) == ["good-0", "good-1", "good-2", "good-3", "good-image"] and images == 1

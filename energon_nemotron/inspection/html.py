@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from energon_nemotron.batch import IGNORE_INDEX, PackedBatch
+from energon_nemotron.batch import IGNORE_INDEX, MediaSpan, PackedBatch
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:16px;background:#fafafa;color:#222}
@@ -60,18 +60,20 @@ def mel_image(features: np.ndarray, valid: int) -> np.ndarray:
     return ((x - lo) / (hi - lo + 1e-6) * 255).astype(np.uint8)
 
 
-def _media_html(batch: PackedBatch, spans: list[dict], visual_index: int, audio_index: int, span: dict) -> str:
-    label = html.escape(f"{span['kind']} of {span['sample_key']}: {span['num_tokens']} tokens")
+def _media_html(batch: PackedBatch, spans: list[MediaSpan], visual_index: int, audio_index: int,
+                span: MediaSpan) -> str:
+    label = html.escape(f"{span.kind} of {span.sample_key}: {span.num_tokens} tokens")
     imgs = []
-    if span["kind"] == "audio":
-        feats = batch.media["sound_features"][audio_index].numpy()
-        lengths = batch.media["sound_lengths"][audio_index].tolist()
+    media = batch.media
+    if span.is_audio:
+        feats = media.sound_features[audio_index].numpy()
+        lengths = media.sound_lengths[audio_index].tolist()
         for clip in range(min(len(lengths), 2)):
             imgs.append(_png(mel_image(feats[clip], int(lengths[clip])), 240))
     else:
-        rows = batch.media["pixel_values"][visual_index].numpy()
-        sizes = batch.media["image_sizes"][visual_index].tolist()
-        patch = int(round((rows.shape[1] / 3) ** 0.5))
+        rows = media.pixel_values[visual_index].numpy()
+        sizes = media.image_sizes[visual_index].tolist()
+        patch = media.patch_size
         at = 0
         for unit, (gh, gw) in enumerate(sizes):
             n = gh * gw
@@ -87,8 +89,8 @@ def row_html(batch: PackedBatch, r: int, tokenizer: Any, visual_start: int, audi
     tokens, labels = batch.tokens[r].tolist(), batch.labels[r].tolist()
     mask = batch.loss_mask[r].tolist()
     real, padded = batch.cu_seqlens[r].tolist(), batch.cu_seqlens_padded[r].tolist()
-    spans = sorted(batch.media_spans[r], key=lambda s: s["token_start"])
-    by_start = {s["token_start"]: s for s in spans}
+    spans = sorted(batch.media_spans[r], key=lambda s: s.token_start)
+    by_start = {s.token_start: s for s in spans}
     vis, aud = visual_start, audio_start
     out = []
     for s, (a, b) in enumerate(zip(padded, padded[1:])):
@@ -102,11 +104,11 @@ def row_html(batch: PackedBatch, r: int, tokenizer: Any, visual_start: int, audi
             span = by_start.get(t)
             if span is not None:
                 out.append(_media_html(batch, spans, vis, aud, span))
-                if span["kind"] == "audio":
+                if span.is_audio:
                     aud += 1
                 else:
                     vis += 1
-                t += span.get("placeholder_len", span["num_tokens"] + 2)
+                t += span.placeholder_len
                 continue
             trained = t > 0 and mask[t - 1] > 0
             pad = t - a >= n_real

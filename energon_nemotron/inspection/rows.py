@@ -1,7 +1,8 @@
 """Human and JSON views of packed rows and batches (``inspect-megatron`` and ``preview``).
 
 A row is a dict with 1-D ``tokens``, ``labels``, ``loss_mask``, ``position_ids``, ``cu_seqlens``
-and optionally ``cu_seqlens_padded``, ``max_seqlen``, ``sample_keys`` and flags.
+and optionally ``cu_seqlens_padded``, ``max_seqlen``, ``sample_keys``, flags and ``media_spans``
+(``MediaSpan``s, as ``PackedBatch.row`` gives them).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def batch_json(index: int, batch: Any) -> dict[str, Any]:
     per media item (its span, with the row it is in)."""
     return {"batch": index, "sample_keys": batch.sample_keys,
             **{key: _plain(getattr(batch, key)) for key in TENSOR_FIELDS}, "is_padding": batch.is_padding,
-            "media": [{"row": r, **span} for r, spans in enumerate(batch.media_spans) for span in spans]}
+            "media": [{"row": r, **span.as_dict()} for r, spans in enumerate(batch.media_spans) for span in spans]}
 
 
 def _runs(flags: list[bool]) -> Iterable[tuple[int, int, bool]]:
@@ -92,8 +93,9 @@ def row_text(index: int, row: dict[str, Any], tokenizer: Any, color: bool, pad_i
         body = "".join(parts)
         lines.extend("    " + line for line in body.split("\n"))
     for span in row.get("media_spans") or []:
-        detail = ", ".join(f"{k} {v}" for k, v in span.items() if k not in ("kind", "sample_key"))
-        lines.append(f"  {span['kind']} of {span['sample_key']}: {detail}")
+        fields = span.as_dict()
+        detail = ", ".join(f"{k} {v}" for k, v in fields.items() if k not in ("kind", "sample_key"))
+        lines.append(f"  {span.kind} of {span.sample_key}: {detail}")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ def telemetry(batch: PackedBatch, row: int = 0) -> dict:
     """What row ``row`` of ``batch`` holds: samples, tokens, positions, fill ratio, media by kind."""
     media: dict[str, int] = {}
     for span in batch.media_spans[row]:
-        media[span["kind"]] = media.get(span["kind"], 0) + 1
+        media[span.kind] = media.get(span.kind, 0) + 1
     tokens = int(batch.cu_seqlens[row][-1])
     return {"samples": len(batch.sample_keys[row]), "tokens": tokens, "positions": batch.seq_length,
             "fill_ratio": tokens / batch.seq_length, "media": media}

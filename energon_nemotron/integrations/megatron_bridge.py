@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from energon_nemotron.batch import PackedBatch
+from energon_nemotron.batch import MediaSpan, PackedBatch
+from energon_nemotron.parallel.packed_seq_params import row_boundaries
 
 #: pixels per patch side of Bridge's Nemotron Omni vision path (``_VISION_PATCH_DIM`` of the step)
 BRIDGE_PATCH = 16
@@ -39,21 +40,6 @@ class BridgeBatchError(ValueError):
     """A row that Bridge's model cannot take as it is configured; the message names the sample."""
 
 
-def _row_items(batch: PackedBatch, row: int) -> tuple[list[dict], list[int], list[int]]:
-    """The row's media spans in placeholder order and the indices of its visual and audio items
-    in ``batch.media`` (which lists the items of all rows, row after row)."""
-    def counts(r: int) -> tuple[int, int]:
-        spans = batch.media_spans[r]
-        audio = sum(1 for s in spans if s["kind"] == "audio")
-        return len(spans) - audio, audio
-
-    before = [counts(r) for r in range(row)]
-    v0, a0 = sum(v for v, _ in before), sum(a for _, a in before)
-    spans = sorted(batch.media_spans[row], key=lambda s: s["token_start"])
-    nv, na = counts(row)
-    return spans, list(range(v0, v0 + nv)), list(range(a0, a0 + na))
-
-
 def _compact_positions(keep: torch.Tensor, cu_padded: torch.Tensor) -> torch.Tensor:
     """int64 [S_c]: positions restarting at every segment, counted over the kept ids."""
     kept_before = torch.cumsum(keep.to(torch.int64), 0) - keep.to(torch.int64)
@@ -62,45 +48,75 @@ def _compact_positions(keep: torch.Tensor, cu_padded: torch.Tensor) -> torch.Ten
     return (kept_before - starts[seg])[keep]
 
 
-def _visual(batch: PackedBatch, spans: list[dict], items: list[int], temporal_patch_dim: int) -> dict:
+def _collapse_image_runs(tokens: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor,
+                         spans: list[MediaSpan], image_token_id: int | None) -> tuple[torch.Tensor, ...]:
+    """The row made compact: ``keep`` bool [S] (False for every id of an image run but its first),
+    and ``labels`` int64 [S], ``loss_mask`` float32 [S] (copies) with each run's first position
+    given the values of its last. ``tokens`` int64 [S] and ``spans`` (the row's) are read only."""
+    keep = torch.ones(tokens.numel(), dtype=torch.bool)
+    run_ends = []
+    for span in spans:
+        if span.is_audio:
+            continue
+        for offset, n in span.runs:
+            start = span.token_start + offset
+            ids = tokens[start:start + n]
+            if n < 1 or bool((ids != ids[0]).any()) or (image_token_id is not None and int(ids[0]) != image_token_id):
+                raise BridgeBatchError(f"{span.sample_key}: positions {start}..{start + n - 1} are not one "
+                                       "run of the image placeholder id")
+            keep[start + 1:start + n] = False
+            run_ends.append((start, start + n - 1))
+    labels, loss_mask = labels.clone(), loss_mask.clone()
+    for start, end in run_ends:
+        labels[start], loss_mask[start] = labels[end], loss_mask[end]
+    return keep, labels, loss_mask
+
+
+def _check_visual(span: MediaSpan, units: torch.Tensor, temporal_patch_dim: int) -> None:
+    """``BridgeBatchError`` when the model cannot take the visual item of ``span`` whose units
+    (images, tiles or frames) have the patch grids ``units`` int64 [units, 2]."""
+    key, kind = span.sample_key, span.kind
+    if (span.tiles or 1) > 1:
+        raise BridgeBatchError(f"{key}: a tiled image ({span.tiles} tiles); Bridge's Nemotron Omni "
+                               "model takes one unit per image (use the nemotron_omni or "
+                               "nemotron_omni_temporal preset)")
+    if temporal_patch_dim > 1:
+        if bool((units != torch.tensor(TEMPORAL_GRID)).any()):
+            raise BridgeBatchError(
+                f"{key}: {kind} units of {units[0].tolist()} patches; the temporal embedder "
+                f"(temporal_patch_dim {temporal_patch_dim}) needs every image and frame at "
+                f"{TEMPORAL_GRID[0] * BRIDGE_PATCH}x{TEMPORAL_GRID[1] * BRIDGE_PATCH} "
+                "(the nemotron_omni_temporal preset)")
+        if kind == "video" and units.shape[0] % temporal_patch_dim:
+            raise BridgeBatchError(f"{key}: {units.shape[0]} frames, not whole tubelets of "
+                                   f"{temporal_patch_dim} (video.temporal_patch must equal temporal_patch_dim)")
+    elif kind == "video":
+        raise BridgeBatchError(f"{key}: video needs Bridge's temporal embedder (temporal_patch_dim 2, "
+                               "the nemotron_omni_temporal preset)")
+
+
+def _visual(batch: PackedBatch, visual: list[tuple[MediaSpan, int]], temporal_patch_dim: int) -> dict:
     """``pixel_values``, ``imgs_sizes``, ``num_frames`` and ``num_image_tiles`` of the row's visual
-    items (see :func:`to_nemotron_omni_step_batch`)."""
-    pixels = batch.media["pixel_values"]
-    sizes = batch.media["image_sizes"]
+    items, ``(span, index in batch.media)`` each (see :func:`to_nemotron_omni_step_batch`)."""
+    media = batch.media
+    if media.patch_size != BRIDGE_PATCH:
+        span = visual[0][0]
+        raise BridgeBatchError(f"{span.sample_key}: {span.kind} patches of {media.patch_size} px; Bridge's "
+                               f"Nemotron Omni vision path takes {BRIDGE_PATCH} px patches")
     row_pixels, row_sizes, frames, tiles = [], [], [], []
-    visual = [s for s in spans if s["kind"] != "audio"]
-    for span, i in zip(visual, items):
-        key, kind = span["sample_key"], span["kind"]
-        units = sizes[i].to(torch.int64)
-        p = int(round((pixels[i].shape[1] / 3) ** 0.5))
-        if p != BRIDGE_PATCH:
-            raise BridgeBatchError(f"{key}: {kind} patches of {p} px; Bridge's Nemotron Omni vision path "
-                                   f"takes {BRIDGE_PATCH} px patches")
-        if span.get("tiles", 1) > 1:
-            raise BridgeBatchError(f"{key}: a tiled image ({span['tiles']} tiles); Bridge's Nemotron Omni "
-                                   "model takes one unit per image (use the nemotron_omni or "
-                                   "nemotron_omni_temporal preset)")
+    for span, i in visual:
+        units = media.image_sizes[i].to(torch.int64)
+        _check_visual(span, units, temporal_patch_dim)
         if temporal_patch_dim > 1:
-            if bool((units != torch.tensor(TEMPORAL_GRID)).any()):
-                raise BridgeBatchError(
-                    f"{key}: {kind} units of {units[0].tolist()} patches; the temporal embedder "
-                    f"(temporal_patch_dim {temporal_patch_dim}) needs every image and frame at "
-                    f"{TEMPORAL_GRID[0] * BRIDGE_PATCH}x{TEMPORAL_GRID[1] * BRIDGE_PATCH} "
-                    "(the nemotron_omni_temporal preset)")
-            if kind == "video" and units.shape[0] % temporal_patch_dim:
-                raise BridgeBatchError(f"{key}: {units.shape[0]} frames, not whole tubelets of "
-                                       f"{temporal_patch_dim} (video.temporal_patch must equal temporal_patch_dim)")
-            tiles += [1] * len(span["runs"])
+            tiles += [1] * len(span.runs)
         else:
-            if kind == "video":
-                raise BridgeBatchError(f"{key}: video needs Bridge's temporal embedder (temporal_patch_dim 2, "
-                                       "the nemotron_omni_temporal preset)")
             tokens = int(units[0, 0] * units[0, 1]) // SHUFFLE
-            if [n for _, n in span["runs"]] != [tokens]:
-                raise BridgeBatchError(f"{key}: image runs {span['runs']} do not hold the {tokens} tokens "
-                                       f"of its {units[0].tolist()} patch grid after 2x2 pixel shuffle")
+            if [n for _, n in span.runs] != [tokens]:
+                raise BridgeBatchError(f"{span.sample_key}: image runs {[list(r) for r in span.runs]} do not hold "
+                                       f"the {tokens} tokens of its {units[0].tolist()} patch grid after 2x2 "
+                                       "pixel shuffle")
             tiles.append(tokens)
-        row_pixels.append(pixels[i])
+        row_pixels.append(media.pixel_values[i])
         row_sizes.append(units * BRIDGE_PATCH)
         frames.append(units.shape[0])
     return {
@@ -113,19 +129,24 @@ def _visual(batch: PackedBatch, spans: list[dict], items: list[int], temporal_pa
 
 def _sound(batch: PackedBatch, items: list[int]) -> dict:
     """``sound_clips`` float32 [N_clips, T_max, mel] (trimmed to the row's longest clip) and
-    ``sound_length`` int64 [N_clips] of the row's audio items, clip after clip."""
-    feats = [batch.media["sound_features"][i] for i in items]
-    lengths = torch.cat([batch.media["sound_lengths"][i] for i in items]).to(torch.int64)
+    ``sound_length`` int64 [N_clips] of the row's audio items (indices in ``batch.media``), clip
+    after clip."""
+    feats = [batch.media.sound_features[i] for i in items]
+    lengths = torch.cat([batch.media.sound_lengths[i] for i in items]).to(torch.int64)
     clips = torch.cat(feats)[:, :int(lengths.max())]
     return {"sound_clips": clips.contiguous(), "sound_length": lengths}
 
 
-def _boundaries(batch: PackedBatch, row: int, mtp_safe: bool) -> dict:
-    """The packed-sequence keys Bridge's steps pass to ``get_packed_seq_params``."""
+def _boundaries(batch: PackedBatch, row: int, exact_lengths: bool) -> dict:
+    """The packed-sequence keys Bridge's steps pass to ``get_packed_seq_params``: ``cu_seqlens_q``
+    as :func:`~energon_nemotron.parallel.packed_seq_params.row_boundaries` decides it (the real
+    lengths with ``exact_lengths``, else the padded boundaries), ``cu_seqlens_q_padded`` always
+    the padded ones (int32 [n+1] each, ``_kv`` the same), ``max_seqlen_q``/``_kv`` int32 scalars."""
+    q, _ = row_boundaries(batch, row, exact_lengths)
+    q = q.to(torch.int32)
     padded = batch.cu_seqlens_padded[row].to(torch.int32)
-    real = padded if mtp_safe else batch.cu_seqlens[row].to(torch.int32)
     longest = torch.tensor(batch.max_seqlen[row], dtype=torch.int32)
-    return {"cu_seqlens_q": real, "cu_seqlens_kv": real.clone(),
+    return {"cu_seqlens_q": q, "cu_seqlens_kv": q.clone(),
             "cu_seqlens_q_padded": padded, "cu_seqlens_kv_padded": padded.clone(),
             "max_seqlen_q": longest, "max_seqlen_kv": longest.clone(), "total_tokens": batch.seq_length}
 
@@ -146,8 +167,8 @@ def to_nemotron_omni_step_batch(batch: PackedBatch, row: int = 0, *, temporal_pa
       compact ``<image>`` — its token count when ``temporal_patch_dim == 1`` (``img_seq_len`` 1),
       1 per image or tubelet when 2 (``img_seq_len`` 256).
     - with audio: ``sound_clips`` float32 [clips, T_max, 128], ``sound_length`` int64 [clips].
-    - ``cu_seqlens_q``/``_kv`` int32 [n+1] (real lengths), ``cu_seqlens_q_padded``/``_kv_padded``
-      int32 [n+1], ``max_seqlen_q``/``_kv`` int32 scalars, ``total_tokens`` int (= S).
+    - ``cu_seqlens_q``/``_kv`` int32 [n+1] (real lengths: ``exact_lengths``), ``cu_seqlens_q_padded``
+      /``_kv_padded`` int32 [n+1], ``max_seqlen_q``/``_kv`` int32 scalars, ``total_tokens`` int (= S).
 
     ``temporal_patch_dim``: the model provider's field (1: dynamic-resolution images, no video;
     2: the temporal embedder, every image and frame 512x512). ``image_token_id``: checked against
@@ -157,24 +178,10 @@ def to_nemotron_omni_step_batch(batch: PackedBatch, row: int = 0, *, temporal_pa
         raise IndexError(f"row {row} of a batch of {batch.batch_size}")
     if temporal_patch_dim not in (1, 2):
         raise ValueError(f"temporal_patch_dim must be 1 or 2, got {temporal_patch_dim}")
-    spans, visual, audio = _row_items(batch, row)
+    items = batch.media_items(row)                   # (span, index of its item in batch.media)
     tokens = batch.tokens[row]
-    keep = torch.ones(tokens.numel(), dtype=torch.bool)
-    run_ends = []
-    for span in spans:
-        if span["kind"] == "audio":
-            continue
-        for offset, n in span["runs"]:
-            start = span["token_start"] + offset
-            ids = tokens[start:start + n]
-            if n < 1 or bool((ids != ids[0]).any()) or (image_token_id is not None and int(ids[0]) != image_token_id):
-                raise BridgeBatchError(f"{span['sample_key']}: positions {start}..{start + n - 1} are not one "
-                                       "run of the image placeholder id")
-            keep[start + 1:start + n] = False
-            run_ends.append((start, start + n - 1))
-    labels, loss_mask = batch.labels[row].clone(), batch.loss_mask[row].clone()
-    for start, end in run_ends:
-        labels[start], loss_mask[start] = labels[end], loss_mask[end]
+    keep, labels, loss_mask = _collapse_image_runs(tokens, batch.labels[row], batch.loss_mask[row],
+                                                   batch.media_spans[row], image_token_id)
     out: dict[str, Any] = {
         "tokens": tokens[keep].unsqueeze(0).to(torch.int64),
         "labels": labels[keep].unsqueeze(0),
@@ -182,11 +189,13 @@ def to_nemotron_omni_step_batch(batch: PackedBatch, row: int = 0, *, temporal_pa
         "position_ids": _compact_positions(keep, batch.cu_seqlens_padded[row]).unsqueeze(0),
         "attention_mask": None,
     }
+    visual = [(span, i) for span, i in items if not span.is_audio]
+    audio = [i for span, i in items if span.is_audio]
     if visual:
-        out.update(_visual(batch, spans, visual, temporal_patch_dim))
+        out.update(_visual(batch, visual, temporal_patch_dim))
     if audio:
         out.update(_sound(batch, audio))
-    out.update(_boundaries(batch, row, mtp_safe=False))
+    out.update(_boundaries(batch, row, exact_lengths=True))
     return out
 
 
@@ -204,7 +213,7 @@ def to_gpt_step_batch(batch: PackedBatch, row: int = 0) -> dict[str, Any]:
     if not 0 <= row < batch.batch_size:
         raise IndexError(f"row {row} of a batch of {batch.batch_size}")
     if batch.media_spans[row]:
-        raise BridgeBatchError(f"{batch.media_spans[row][0]['sample_key']}: gpt_step takes text only; "
+        raise BridgeBatchError(f"{batch.media_spans[row][0].sample_key}: gpt_step takes text only; "
                                "use to_nemotron_omni_step_batch for rows with media")
     out: dict[str, Any] = {
         "tokens": batch.tokens[row].unsqueeze(0),
@@ -213,5 +222,5 @@ def to_gpt_step_batch(batch: PackedBatch, row: int = 0) -> dict[str, Any]:
         "position_ids": batch.position_ids[row].unsqueeze(0),
         "attention_mask": None,
     }
-    out.update(_boundaries(batch, row, mtp_safe=True))
+    out.update(_boundaries(batch, row, exact_lengths=False))
     return out

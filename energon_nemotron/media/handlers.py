@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 import torch
 
+from energon_nemotron.batch import MediaSpan
 from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.telemetry import SharedCounter
 from energon_nemotron.tokenization.reserved import PLACEHOLDER_TOKENS
@@ -63,22 +64,18 @@ class PlannedMedia:
     token_start: int = 0
     runs: list = field(default_factory=list)
 
-    def describe(self) -> dict:
-        """The preview's view: kind, tokens, the embedding runs (offsets from ``token_start``), and
-        grid / frames / clips."""
+    def describe(self, sample_key: str, token_start: int) -> MediaSpan:
+        """The item's span once placed: ``sample_key`` (its source's key), ``token_start`` (row
+        position of the placeholder's first id), its kind, tokens, placeholder length, the
+        embedding runs (offsets from ``token_start``), and grid / tiles / frames / clips."""
         p = self.plan
-        out: dict[str, Any] = {"kind": self.modality, "num_tokens": self.num_tokens,
-                               "placeholder_len": len(self.placeholder), "runs": [list(r) for r in self.runs]}
+        common = {"kind": self.modality, "sample_key": sample_key, "token_start": int(token_start),
+                  "num_tokens": self.num_tokens, "placeholder_len": len(self.placeholder), "runs": self.runs}
         if self.modality == "image":
-            out["grid"] = [p.grid_h, p.grid_w]
-            if p.num_units > 1:
-                out["tiles"] = p.num_units
-        elif self.modality == "video":
-            out["frames"] = p.num_frames
-            out["grid"] = [p.grid_h, p.grid_w]
-        else:
-            out["clips"] = p.num_clips
-        return out
+            return MediaSpan(**common, grid=(p.grid_h, p.grid_w), tiles=p.num_units if p.num_units > 1 else None)
+        if self.modality == "video":
+            return MediaSpan(**common, frames=p.num_frames, grid=(p.grid_h, p.grid_w))
+        return MediaSpan(**common, clips=p.num_clips)
 
 
 def read_payload(ref: MediaRef, max_bytes: Optional[int] = None) -> bytes | str | os.PathLike:

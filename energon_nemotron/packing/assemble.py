@@ -13,14 +13,15 @@ Row semantics (S = seq_length, m = pad_multiple):
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 import torch.utils.data
 
 from energon_nemotron.types import EncodedSource, PackedRow
-from energon_nemotron.batch import IGNORE_INDEX, PackedBatch
+from energon_nemotron.batch import IGNORE_INDEX, BatchMedia, PackedBatch
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -69,9 +70,23 @@ def assemble_row(sources: Sequence[EncodedSource], seq_length: int, pad_multiple
     }
 
 
+def _item_patch_size(planned, pixels: torch.Tensor) -> int:
+    """Pixels per patch side of a visual item whose rows are ``pixels`` float32 [P, 3·p·p]: its
+    plan's ``patch_size`` (an image); a video plan does not state it (``VideoOptions.patch_size``
+    cuts the frames), so the rows' width gives it, exactly (``ValueError`` when it is not 3·p·p)."""
+    if planned.modality == "image":
+        return int(planned.plan.patch_size)
+    width = int(pixels.shape[1])
+    p = math.isqrt(width // 3)
+    if 3 * p * p != width:
+        raise ValueError(f"{planned.modality} rows of {width} values are not patches of 3·p·p")
+    return p
+
+
 def row_media(samples: Sequence, source_starts: Sequence[int]) -> dict:
-    """Media of a row's samples in placeholder order: ``visual``, ``audio`` (processed tensors) and
-    ``media_spans`` (row positions). ``source_starts``: row position of each source, in order."""
+    """Media of a row's samples in placeholder order: ``visual`` (per item ``pixels``, ``sizes``,
+    ``keys`` and ``patch_size``), ``audio`` (processed tensors) and ``media_spans``
+    (``MediaSpan``s, row positions). ``source_starts``: row position of each source, in order."""
     items = []
     base = 0
     for s in samples:
@@ -82,8 +97,11 @@ def row_media(samples: Sequence, source_starts: Sequence[int]) -> dict:
     items.sort(key=lambda x: x[0])
     out: dict = {"visual": [], "audio": [], "media_spans": []}
     for start, planned, tensors, key in items:
-        out["audio" if planned.modality == "audio" else "visual"].append(tensors)
-        out["media_spans"].append({**planned.describe(), "sample_key": key, "token_start": int(start)})
+        if planned.modality == "audio":
+            out["audio"].append(tensors)
+        else:
+            out["visual"].append({**tensors, "patch_size": _item_patch_size(planned, tensors["pixels"])})
+        out["media_spans"].append(planned.describe(key, start))
     return out
 
 
@@ -99,10 +117,20 @@ def _keyed_segments(rows: torch.Tensor, keys) -> tuple[list[torch.Tensor], list]
     return [rows[k * step:(k + 1) * step] for k in range(n)], list(keys)
 
 
-def batch_media(rows: Sequence[PackedRow]) -> dict:
-    """``PackedBatch.media``: ``pixel_values`` (PackedTensor, per visual item [P_i, 3·p·p] float32),
-    ``image_sizes`` (PackedTensor, per item int32 [units_i, 2] patch grids), ``num_frames`` (int32
-    [N_visual]: units per item), ``sound_features`` (PackedTensor, per audio [clips_i, F, mel], F the
+def _patch_size(visual: Sequence[dict]) -> Optional[int]:
+    """The one patch size of the batch's visual items (``ValueError`` when they differ)."""
+    sizes = {v["patch_size"] for v in visual}
+    if len(sizes) > 1:
+        raise ValueError(f"the visual items of one batch have patch sizes {sorted(sizes)}; image.patch_size "
+                         "and video.patch_size must agree")
+    return sizes.pop() if sizes else None
+
+
+def batch_media(rows: Sequence[PackedRow]) -> BatchMedia:
+    """``PackedBatch.media`` (:class:`~energon_nemotron.batch.BatchMedia`): ``pixel_values``
+    (PackedTensor, per visual item [P_i, 3·p·p] float32), ``image_sizes`` (PackedTensor, per item
+    int32 [units_i, 2] patch grids), ``num_frames`` (int32 [N_visual]: units per item),
+    ``patch_size`` (p), ``sound_features`` (PackedTensor, per audio [clips_i, F, mel], F the
     longest clip of the batch: shorter clips zero-padded) and ``sound_lengths`` (PackedTensor, per
     audio int64 [clips_i]: mel frames ``1 + L // hop``); only the kinds present.
 
@@ -123,6 +151,7 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
                                                         shared=shared)
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
         media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
+        media["patch_size"] = _patch_size(visual)
     if audio:
         frames = max(a["features"].shape[1] for a in audio)
         padded: dict = {}                        # keys -> padded features (a repeated audio is padded once)
@@ -139,7 +168,7 @@ def batch_media(rows: Sequence[PackedRow]) -> dict:
         media["sound_features"] = from_keyed([s for s, _ in segments], [k for _, k in segments],
                                                           shared=shared)
         media["sound_lengths"] = PackedTensor.from_list([a["lengths"] for a in audio])
-    return media
+    return BatchMedia(**media)
 
 
 def batch_rows(rows: Sequence[PackedRow]) -> PackedBatch:

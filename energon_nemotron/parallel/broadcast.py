@@ -24,11 +24,12 @@ Header::
     {"version": 2, "chunk_bytes": int, "buffers": {dtype_name: nbytes},
      "tensors": {"tokens": T, "labels": T, "loss_mask": T, "position_ids": T},
      "cu_seqlens": [T, ...], "cu_seqlens_padded": [T, ...],    # one int32 T per row
-     "media": [[name, M], ...],                                 # in insertion order
-     "meta": {field: V, ...}}  # every other PackedBatch field: max_seqlen, ..., "__restore_key__"
+     "media": [[name, M], ...],         # the BatchMedia fields that are set, in field order
+     "meta": {field: V, ...}}  # every other PackedBatch field: max_seqlen, ..., "__restore_key__";
+                               # media_spans as rows of MediaSpan.as_dict()
     T = {"dtype": str, "shape": [int], "offset": int}          # offset: bytes into buffers[dtype]
     M = {"kind": "packed", "wire": PackedTensor.wire_header(), "offset": int}  # wire["dedup"]: segment table
-      | {"kind": "tensor", **T} | {"kind": "value", "value": V}
+      | {"kind": "tensor", **T} | {"kind": "value", "value": V}             # value: patch_size
     V = JSON; a tuple is {"__tuple__": [...]}, a dict with non-str (or tag) keys {"__dict__": [[k, v]]}
 """
 
@@ -47,7 +48,7 @@ import torch.distributed as dist
 from energon_nemotron.resume.codec import decode_json, encode_json
 from energon_nemotron.tensors import PackedTensor, from_wire
 from energon_nemotron.tensors.common import dtype_from_name, dtype_name, typed_view
-from energon_nemotron.batch import PackedBatch
+from energon_nemotron.batch import BatchMedia, MediaSpan, PackedBatch
 
 __all__ = ["broadcast_packed_batch", "packed_batch_to_wire", "packed_batch_from_wire", "batches_equal",
            "BroadcastStats"]
@@ -58,6 +59,8 @@ _TENSORS = ("tokens", "labels", "loss_mask", "position_ids")
 #: the non-tensor fields (JSON in the header), whatever ``PackedBatch`` holds, ``__restore_key__`` too
 _META = tuple(f.name for f in dataclasses.fields(PackedBatch)
               if f.name not in (*_TENSORS, "cu_seqlens", "cu_seqlens_padded", "media"))
+#: the names a header's ``media`` entries may have
+_MEDIA_FIELDS = frozenset(f.name for f in dataclasses.fields(BatchMedia))
 
 
 @dataclasses.dataclass
@@ -93,7 +96,7 @@ def _plan(batch: PackedBatch, chunk_bytes: int) -> tuple[dict, dict[str, list[to
     header["tensors"] = {k: add(getattr(batch, k)) for k in _TENSORS}
     header |= {k: [add(c) for c in getattr(batch, k)] for k in ("cu_seqlens", "cu_seqlens_padded")}
     header["media"] = []
-    for name, value in batch.media.items():
+    for name, value in batch.media.present():
         if isinstance(value, PackedTensor):
             entry = {"kind": "packed", "wire": value.wire_header(), "offset": add(value.physical_data)["offset"]}
         elif isinstance(value, torch.Tensor):
@@ -101,9 +104,15 @@ def _plan(batch: PackedBatch, chunk_bytes: int) -> tuple[dict, dict[str, list[to
         else:
             entry = {"kind": "value", "value": encode_json(value)}
         header["media"].append([str(name), entry])
-    header["meta"] = {k: encode_json(getattr(batch, k)) for k in _META}
+    header["meta"] = {k: encode_json(_meta_value(batch, k)) for k in _META}
     header["buffers"] = dict(sorted(sizes.items()))
     return header, groups
+
+
+def _meta_value(batch: PackedBatch, name: str) -> Any:
+    """A metadata field as the header holds it: ``media_spans`` as rows of plain dicts."""
+    value = getattr(batch, name)
+    return [[s.as_dict() for s in row] for row in value] if name == "media_spans" else value
 
 
 def _flatten(tensors: list[torch.Tensor], device: Any = None) -> torch.Tensor:
@@ -218,6 +227,7 @@ def packed_batch_from_wire(header: dict, buffers: dict[str, torch.Tensor]) -> Pa
         n = len(fields[k]) if k in fields else len(values[k]) if isinstance(values[k], list) else -1
         if n != rows:
             raise ValueError(f"PackedBatch header: {k} has {n} rows, tokens has {rows}")
+    values["media_spans"] = [[MediaSpan.from_dict(d) for d in row] for row in values["media_spans"]]
     media: dict[str, Any] = {}
     for name, entry in header["media"]:
         if not isinstance(name, str) or name in media:
@@ -234,11 +244,13 @@ def packed_batch_from_wire(header: dict, buffers: dict[str, torch.Tensor]) -> Pa
             media[name] = decode_json(entry["value"])
         else:
             raise ValueError(f"PackedBatch header: {what} has unknown kind {kind!r}")
+        if name not in _MEDIA_FIELDS:
+            raise ValueError(f"PackedBatch header: {what} is not a BatchMedia field ({sorted(_MEDIA_FIELDS)})")
     if used != sizes:
         raise ValueError(f"PackedBatch header: tensors take {used} bytes, buffers hold {sizes}")
     if not isinstance(key := values["__restore_key__"], tuple):
         raise ValueError(f"PackedBatch header: __restore_key__ must be a tuple, got {key!r:.80}")
-    return PackedBatch(**fields, **values, media=media)
+    return PackedBatch(**fields, **values, media=BatchMedia(**media))
 
 
 def _decode_header(raw: bytes) -> dict:
@@ -326,6 +338,8 @@ def _same(a: Any, b: Any) -> bool:
         return _same(a.data, b.data)
     if type(a) is not type(b):
         return False
+    if isinstance(a, BatchMedia):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(BatchMedia))
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):

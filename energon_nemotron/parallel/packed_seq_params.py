@@ -65,7 +65,8 @@ def to_packed_seq_params(cu_seqlens: torch.Tensor | Sequence[int], max_seqlen: i
 def row_boundaries(batch: PackedBatch, i: int = 0, exact_lengths: bool = False
                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(cu_seqlens_q, cu_seqlens_q_padded)`` of row ``i`` (int32 [n+1] each; the second None when
-    it equals the first), as the module docstring decides them."""
+    it equals the first), as the module docstring decides them: the one place that decides it, for
+    :func:`packed_seq_params` and the Megatron-Bridge step dicts (``integrations.megatron_bridge``)."""
     padded = batch.cu_seqlens_padded[i]
     if not exact_lengths:
         return padded, padded
