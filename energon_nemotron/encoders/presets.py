@@ -26,7 +26,9 @@ from typing import Any
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.registry import MODEL_PRESETS
 
-_PATCHES = {"patch_size": 16, "downsample": 2}
+#: the vision patch layout every preset's model takes: 16x16 px patches, 2x2 pixel shuffle (the
+#: ``patch_size`` and ``downsample`` options of image and video; the Bridge adapter reads it too)
+VISION_PATCHES = {"patch_size": 16, "downsample": 2}
 
 
 @dataclass(frozen=True)
@@ -53,19 +55,19 @@ class ModelPreset:
 
 MODEL_PRESETS.register("nemotron_omni", ModelPreset(
     model="Nemotron 3 Omni (transformers NemotronH_Omni_Reasoning_V3; Bridge NemotronOmni, temporal_patch_dim 1)",
-    image={"mode": "dynamic", **_PATCHES},
-    video={"maintain_aspect_ratio": True, "temporal_patch": 2, **_PATCHES},
+    image={"mode": "dynamic", **VISION_PATCHES},
+    video={"maintain_aspect_ratio": True, "temporal_patch": 2, **VISION_PATCHES},
     temporal_patch_dim=1, outputs=("packed_batch", "nemotron_omni_step")))
 
 MODEL_PRESETS.register("nemotron_omni_temporal", ModelPreset(
     model="Nemotron 3 Omni with Bridge's temporal video embedder (temporal_patch_dim 2)",
-    image={"mode": "tiling", "tile_size": 512, "max_tiles": 1, "use_thumbnail": False, **_PATCHES},
-    video={"maintain_aspect_ratio": False, "target_patches": 1024, "temporal_patch": 2, **_PATCHES},
+    image={"mode": "tiling", "tile_size": 512, "max_tiles": 1, "use_thumbnail": False, **VISION_PATCHES},
+    video={"maintain_aspect_ratio": False, "target_patches": 1024, "temporal_patch": 2, **VISION_PATCHES},
     temporal_patch_dim=2, outputs=("packed_batch", "nemotron_omni_step")))
 
 MODEL_PRESETS.register("nemotron_nano_vl", ModelPreset(
     model="Nemotron Nano v2 VL (512x512 tiles)",
-    image={"mode": "tiling", "tile_size": 512, "max_tiles": 12, "use_thumbnail": True, **_PATCHES},
+    image={"mode": "tiling", "tile_size": 512, "max_tiles": 12, "use_thumbnail": True, **VISION_PATCHES},
     temporal_patch_dim=1, outputs=("packed_batch",)))
 
 

@@ -26,12 +26,14 @@ from typing import Any
 import torch
 
 from energon_nemotron.batch import MediaSpan, PackedBatch
+from energon_nemotron.encoders.presets import VISION_PATCHES
 from energon_nemotron.parallel.packed_seq_params import row_boundaries
 
-#: pixels per patch side of Bridge's Nemotron Omni vision path (``_VISION_PATCH_DIM`` of the step)
-BRIDGE_PATCH = 16
-#: vision patches merged into one LLM token (2x2 pixel shuffle)
-SHUFFLE = 4
+#: pixels per patch side of Bridge's Nemotron Omni vision path (``_VISION_PATCH_DIM`` of the step):
+#: the presets' patch size
+BRIDGE_PATCH = VISION_PATCHES["patch_size"]
+#: vision patches merged into one LLM token: the presets' pixel shuffle (2x2)
+SHUFFLE = VISION_PATCHES["downsample"] ** 2
 #: the temporal embedder's unit: 512x512 pixels, 32x32 patches, 256 tokens
 TEMPORAL_GRID = (32, 32)
 
