@@ -31,20 +31,20 @@ COMPAT_IN_TEST := tests/test_energon_tokenization.py tests/test_cookers.py tests
     tests/test_megatron_parity.py tests/test_assemble.py tests/test_bridge_presets.py tests/test_megatron_bridge.py \
     tests/test_openai_tools.py
 
-.PHONY: install references test-deps demo lint test test-fast test-slow test-compat bench bench-quick clean
+.PHONY: install references test-deps demo lint docs test test-fast test-slow test-compat bench bench-quick clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray,docs]'
 	@touch $(STAMP)
 
 $(COMPAT_STAMP): pyproject.toml Makefile
 	@test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(COMPAT_VENV)/bin/python -m pip install --quiet -e '.[dev,librosa]' $(COMPAT_PINS)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -e '.[dev,librosa,docs]' $(COMPAT_PINS)
 	@touch $(COMPAT_STAMP)
 
 references: $(REF_STAMP) $(BRIDGE_STAMP) $(MCORE_STAMP)
@@ -104,6 +104,11 @@ bench: install references
 
 bench-quick: install references
 	$(BIN)/python benchmarks/run_all.py --quick
+
+# The documentation (docs/*.md through MyST) as HTML in build/docs, every warning an error;
+# tests/test_docs.py runs the same build and every example of the pages.
+docs: install
+	$(BIN)/python -m sphinx -W --keep-going -b html docs build/docs
 
 clean:
 	rm -rf $(VENV) $(REF_VENV) $(COMPAT_VENV) .cache build dist *.egg-info .pytest_cache
