@@ -267,7 +267,7 @@ def build_tree(root: Path) -> Path:
     from energon_nemotron.demo.conversations import make_conversations
     from energon_nemotron.demo.datasets import asr_dataset, multimodal_dataset, text_dataset
     from energon_nemotron.demo.run import ENERGON_SAMPLES, NUM_CONVERSATIONS, SEQ_LENGTH, TOKENIZER_DIR
-    from energon_nemotron.megatron_packed.offline_pack import pack_file
+    from energon_nemotron.megatron_packed import pack_file
 
     out = root / "demo_out"
     out.mkdir(parents=True)

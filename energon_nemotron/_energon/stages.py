@@ -24,8 +24,9 @@ def stage_failure_tolerance(encoder: Any, stage: Callable) -> int:
 
 
 def set_default_failure_tolerance(encoder: Any, tolerance: int) -> None:
-    """Set the tolerance of consecutive failures Energon allows a task encoder's stages (class
-    attribute ``__default_failure_tolerance__``, read when the stages are built); 0 makes a run of
+    """Set the tolerance of consecutive failures Energon allows a task encoder's stages (its
+    ``__default_failure_tolerance__``, set on the instance, read when the stages are built; the
+    sample-loading map Energon's dataset factory builds below them keeps Energon's own); 0 makes a run of
     failures never fatal (``on_error: skip`` decides, through its skip limits)."""
     encoder.__default_failure_tolerance__ = tolerance
 

@@ -50,8 +50,9 @@ def saved_leaf_epoch(state: dict) -> int:
 
 
 def saved_leaf_slices(state: dict) -> tuple[Optional[list], list, Optional[int]]:
-    """``(pending slice indexes, active slice states, pending slices offset)`` of a saved leaf: each
-    active state has ``index`` (its slice) and ``current`` (the next sample it reads)."""
+    """``(pending slice indexes, active slice states, pending slices offset)`` of a saved leaf: an
+    active state is None (an idle slot) or has ``index`` (its slice) and ``current`` (the next
+    sample it reads)."""
     return (state.get("_pending_slice_indexes"), state.get("_active_slice_state") or [],
             state.get("_pending_slices_offset"))
 

@@ -150,7 +150,8 @@ def names_samples(value: Any) -> bool:
 
 def batch_worker(restore_key: Any) -> tuple[int, Any]:
     """``(worker, the batch's own key)`` of a delivered batch's ``__restore_key__`` (the worker
-    wrapper's name, the worker, its batch index, then the batch's key; worker 0 without workers)."""
+    wrapper's name, the worker's global id over all ranks, its batch index, then the batch's key;
+    worker 0 without workers): the caller takes the id modulo its own worker count."""
     if restore_key and restore_key[0] == _WORKER_WRAPPER:
         return int(restore_key[1]), restore_key[2:]
     return 0, restore_key[2:]
@@ -169,7 +170,8 @@ def sample_index(sample: Any) -> Optional[int]:
 
 
 def raw_sample_key(sample: Any) -> Optional[str]:
-    """The ``__key__`` inside Energon's raw sample data of a JSONL line (None when it holds none)."""
+    """The ``__key__`` inside Energon's raw sample data (a JSONL line's or a tar sample's; None when it
+    holds none)."""
     data = getattr(sample, "data", None)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], dict):
         return data[0].get("__key__")

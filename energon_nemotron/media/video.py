@@ -104,7 +104,8 @@ class VideoPlan:
     the ``midpoints`` rule); every frame becomes a ``grid_h x grid_w`` patch grid (even sides); each
     tubelet (``temporal_patch`` frames) costs ``tokens_per_tubelet = grid_h*grid_w // downsample**2``
     tokens. ``intro``: whether the prompt starts with ``"This is a video:\\n"``; ``rotation``:
-    clockwise degrees applied to decoded frames; ``resize``: the kernel.
+    clockwise degrees applied to decoded frames; ``resize``: the kernel; ``patch_size``: pixels per
+    patch side.
     """
 
     width: int
@@ -121,6 +122,8 @@ class VideoPlan:
     intro: bool = True
     rotation: int = 0
     resize: str = "hf"
+    #: pixels per patch side (``VideoOptions.patch_size``): each patch row holds 3·p·p values
+    patch_size: int = 16
 
     @property
     def num_frames(self) -> int:
@@ -243,7 +246,8 @@ def plan_video(metadata: dict, options: VideoOptions = VideoOptions()) -> VideoP
                      frame_times=times, grid_h=grid_h, grid_w=grid_w,
                      tokens_per_tubelet=grid_h * grid_w // options.downsample ** 2,
                      temporal_patch=options.temporal_patch, frame_indices=indices,
-                     intro=options.sampling != "hf", rotation=rotation % 360, resize=options.resize)
+                     intro=options.sampling != "hf", rotation=rotation % 360, resize=options.resize,
+                     patch_size=options.patch_size)
 
 
 def video_prompt(plan: VideoPlan) -> list[tuple[str, int]]:

@@ -13,7 +13,6 @@ Row semantics (S = seq_length, m = pad_multiple):
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -71,15 +70,11 @@ def assemble_row(sources: Sequence[EncodedSource], seq_length: int, pad_multiple
 
 
 def _item_patch_size(planned, pixels: torch.Tensor) -> int:
-    """Pixels per patch side of a visual item whose rows are ``pixels`` float32 [P, 3·p·p]: its
-    plan's ``patch_size`` (an image); a video plan does not state it (``VideoOptions.patch_size``
-    cuts the frames), so the rows' width gives it, exactly (``ValueError`` when it is not 3·p·p)."""
-    if planned.modality == "image":
-        return int(planned.plan.patch_size)
-    width = int(pixels.shape[1])
-    p = math.isqrt(width // 3)
-    if 3 * p * p != width:
-        raise ValueError(f"{planned.modality} rows of {width} values are not patches of 3·p·p")
+    """Pixels per patch side of a visual item (its plan's ``patch_size``), checked against its rows
+    ``pixels`` float32 [P, 3·p·p] (``ValueError`` when they are not patches of that size)."""
+    p = int(planned.plan.patch_size)
+    if pixels.dim() != 2 or int(pixels.shape[1]) != 3 * p * p:
+        raise ValueError(f"{planned.modality} rows of shape {tuple(pixels.shape)} are not patches of 3x{p}x{p}")
     return p
 
 
