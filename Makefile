@@ -73,7 +73,7 @@ demo: install
 	$(BIN)/energon-nemotron demo
 
 # The layers of the package (import-linter contracts in pyproject.toml; tests/test_layout.py finds
-# cycles inside a layer) and the size rule of its functions (ruff: <= 60 statements, <= 8 parameters).
+# cycles inside a layer), the size rule of its functions (ruff: <= 60 statements, <= 8 parameters) and pyflakes.
 lint: install
 	$(BIN)/lint-imports
 	$(BIN)/ruff check energon_nemotron
