@@ -97,11 +97,12 @@ def run_energon_demo(out: Path, progress: bool) -> bool:
           f"(cooker openai_messages), {out / 'asr_dataset'} (granary_asr) and {out / 'multimodal_dataset'} "
           f"(cooker general_conversations: text, images, video, audio; {ENERGON_SAMPLES} samples)")
     config = out / "loader.yaml"
+    packing = {"algorithm": "best_fit_decreasing", "buffer_size": 64, "pad_multiple": 8}
     config.write_text(yaml.safe_dump({
         "tokenizer": str(TOKENIZER_DIR),
         "task_encoder": {"name": "nemotron_multimodal",
                          "options": {"prompt_format": "nemotron6", "seq_length": 4096, **DEMO_MEDIA}},
-        "packing": {"algorithm": "best_fit_decreasing", "buffer_size": 64, "pad_multiple": 8},
+        "packing": packing,
         "data": {"train": {"path": "multimodal_dataset", "split": "train"}},
         "loader": {"batch_size": 1, "num_workers": 0, "shuffle_buffer_size": 16, "seed": 1234},
     }, sort_keys=False))
@@ -112,7 +113,7 @@ def run_energon_demo(out: Path, progress: bool) -> bool:
         t = loader.telemetry()
         bar.set_postfix(fill=f"{t['fill_ratio']:.1%}", tokens_per_s=f"{t['tokens_per_s']:,.0f}")
     t = loader.telemetry()
-    print(f"[5/5] one epoch through {config} (nemotron_multimodal, nemotron6, minimum_bin_slack): "
+    print(f"[5/5] one epoch through {config} (nemotron_multimodal, nemotron6, {packing['algorithm']}): "
           f"{t['packs']} packs of 4096, {t['samples']}/{len(keys)} samples, media decoded {t['media_decoded']}, "
           f"fill {t['fill_ratio']:.2%}, {t['tokens_per_s']:,.0f} tokens/s")
     html = out / "preview.html"
