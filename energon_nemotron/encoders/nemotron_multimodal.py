@@ -204,7 +204,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             self.counters.add("over_length")
             raise
         self.counters.read()
-        return EncodedSample.derive_from(sample, sources=fitted.sources, cost=self.over_length.cost(fitted.sources),
+        return EncodedSample.derive_from(sample, sources=fitted.sources, cost=fitted.cost,
                                          media_plans=sample.media_plans, media=sample.media,
                                          media_patches=sample.media_patches)
 

@@ -29,15 +29,13 @@ __all__ = ["OverLengthPolicy", "OverLengthSkip", "Fitted", "MODES"]
 
 @dataclass(frozen=True)
 class Fitted:
-    """A sample's sources after the policy, and its ``length`` (positions) and ``tokens`` before."""
+    """A sample's sources after the policy and the positions they take (``cost``, the packing
+    cost), and its ``length`` (positions) and ``tokens`` before the policy."""
 
     sources: list[EncodedSource]
+    cost: int
     length: int
     tokens: int
-
-    @property
-    def truncated(self) -> bool:
-        return sum(len(s.tokens) for s in self.sources) < self.tokens
 
 
 class OverLengthSkip(SkipSample):
@@ -70,7 +68,7 @@ class OverLengthPolicy:
         L = self.seq_length
         length, tokens = self.measure(sources)
         if length <= L:
-            return Fitted(sources, length, tokens)
+            return Fitted(sources, length, length, tokens)
         if self.mode == "error":
             raise DataError(key, f"sample takes {length} positions, more than seq_length={L} "
                                  "(task_encoder.options.over_length: error | skip | truncate)", "over_length")
@@ -89,4 +87,4 @@ class OverLengthPolicy:
             room -= round_up(n, self.pad_multiple)
         if not any(s.trained[1:].any() for s in kept):
             raise NoTrainableTokensError(key, f"no trainable tokens remain after truncating to seq_length={L}")
-        return Fitted(kept, length, tokens)
+        return Fitted(kept, self.cost(kept), length, tokens)

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from energon_nemotron.types import EncodedSource, PackedRow
 from energon_nemotron.batch import IGNORE_INDEX, BatchMedia, PackedBatch
+from energon_nemotron.tensors import PackedTensor, from_keyed
+from energon_nemotron.types import EncodedSource, PackedRow
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -132,8 +133,6 @@ def batch_media(rows: Sequence[PackedRow]) -> BatchMedia:
     ``pixel_values`` and ``sound_features`` are deduplicated (``tensors.from_keyed`` over the
     items' provenance ``keys``, see ``media.handlers``): an image or audio used by several samples
     of the batch, a video's repeated frames and a video used twice are stored once."""
-    from energon_nemotron.tensors import PackedTensor, from_keyed
-
     visual = [v for r in rows for v in r.visual]
     audio = [a for r in rows for a in r.audio]
     media: dict = {}
@@ -142,8 +141,7 @@ def batch_media(rows: Sequence[PackedRow]) -> BatchMedia:
     shared = torch.utils.data.get_worker_info() is not None
     if visual:
         segments = [_keyed_segments(v["pixels"], v.get("keys")) for v in visual]
-        media["pixel_values"] = from_keyed([s for s, _ in segments], [k for _, k in segments],
-                                                        shared=shared)
+        media["pixel_values"] = from_keyed([s for s, _ in segments], [k for _, k in segments], shared=shared)
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
         media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
         media["patch_size"] = _patch_size(visual)
@@ -160,8 +158,7 @@ def batch_media(rows: Sequence[PackedRow]) -> BatchMedia:
                 if keys:
                     padded[keys] = f
             segments.append(_keyed_segments(f, keys))
-        media["sound_features"] = from_keyed([s for s, _ in segments], [k for _, k in segments],
-                                                          shared=shared)
+        media["sound_features"] = from_keyed([s for s, _ in segments], [k for _, k in segments], shared=shared)
         media["sound_lengths"] = PackedTensor.from_list([a["lengths"] for a in audio])
     return BatchMedia(**media)
 

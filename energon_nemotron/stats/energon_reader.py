@@ -125,7 +125,7 @@ def _measure(encoder: Any, sample: Any) -> SampleRecord:
     except Exception as e:
         return _dropped(index, key, error_code(e), failure_message(e, sample), measured, prepared)
     return SampleRecord(index, key, length=fitted.length, tokens=fitted.tokens,
-                        cost=encoder.over_length.cost(fitted.sources), patches=int(prepared.media_patches),
+                        cost=fitted.cost, patches=int(prepared.media_patches),
                         media=_media(prepared.media, prepared.media_plans))
 
 
