@@ -26,7 +26,6 @@ with megatron-core 0.19.2 (``bridge_runtime.activate``):
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import types
 import warnings
@@ -291,9 +290,11 @@ def _gpt(case: dict) -> dict:
 def main(cases_path: str, results_path: str) -> None:
     torch.Tensor.cuda = lambda self, *args, **kwargs: self     # no GPU: device copies are the identity
     torch.cuda.current_device = lambda: torch.device("cpu")    # and the current device is the CPU
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    # a one-process group rendezvous through a file beside the results: no TCP port to collide with
+    # the other tests' (a port picked from the pid was once taken: EADDRINUSE)
+    store = Path(results_path).with_suffix(".store")
+    store.unlink(missing_ok=True)
+    torch.distributed.init_process_group("gloo", init_method=store.resolve().as_uri(), rank=0, world_size=1)
     results = []
     for case in torch.load(cases_path, weights_only=True):
         run = {"nemotron_omni": _omni, "gpt": _gpt, "datamodule": _datamodule}[case["step"]]
