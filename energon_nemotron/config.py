@@ -65,11 +65,16 @@ class PackingConfig(StrictModel):
 
 
 class EnergonSource(StrictModel):
-    """An Energon dataset: a prepared folder, a metadataset ``.yaml`` or a prepared ``.jsonl``."""
+    """An Energon dataset: a prepared folder, a metadataset ``.yaml`` or a prepared ``.jsonl``.
+    ``virtual_epoch_length`` (training, repeating): an epoch is this many batches (Energon's
+    ``EpochizeDataset``; 0: the data's own epoch); ``limit`` (validation): at most this many
+    batches per pass (Energon's ``LimitDataset``)."""
 
     format: Literal["energon"] = "energon"
     path: Path
     split: str = "train"
+    virtual_epoch_length: int = Field(0, ge=0)
+    limit: Optional[int] = Field(None, ge=1)
 
 
 class MegatronSource(StrictModel):
@@ -124,10 +129,26 @@ def _source(value: Any, field: str = "train") -> Any:
     return EnergonSource.model_validate(value)
 
 
+class CookerSpec(StrictModel):
+    """One entry of ``data.cookers`` (``cookers.selection``): the registered cooker ``name``, the
+    keyword ``options`` bound to it, and the subflavor filter that selects it (null: the fallback)."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    has_subflavors: Optional[dict[str, Any]] = None
+
+
 class DataConfig(StrictModel):
     train: Source
     validation: Optional[Source] = None
     default_cooker: Optional[str] = None
+    #: the ordered cooker rules (first match wins, one trailing fallback without has_subflavors);
+    #: null: ``subflavors.cooker`` names the cooker (else ``default_cooker``)
+    cookers: Optional[list[CookerSpec]] = None
+    #: subflavor keys no cooker reads (beyond a blend's bookkeeping keys and the cooker filters'):
+    #: ``error`` (a typo is caught at start) or ``allow`` (a blend's free-form keys; a near-miss of a
+    #: key the cooker reads stays an error)
+    other_subflavors: Literal["error", "allow"] = "error"
     #: folders that media paths in samples may also name (besides the dataset folder): a relative
     #: path is tried against the dataset folder, then each root in order (``cookers.media``)
     media_roots: Optional[list[Path]] = None
@@ -141,6 +162,15 @@ class DataConfig(StrictModel):
 class TaskEncoderConfig(StrictModel):
     name: str = "nemotron_multimodal"
     options: dict[str, Any] = Field(default_factory=dict)
+
+
+class CachePoolConfig(StrictModel):
+    """Energon's ``FileStoreCachePool(method="raw")``: cookers that need a cache read media through it."""
+
+    max_gbytes: Optional[float] = Field(None, gt=0)
+    num_workers: int = Field(1, ge=1)
+    #: the folder it caches into (null: the system's temporary folder)
+    directory: Optional[Path] = None
 
 
 class LoaderSettings(StrictModel):
@@ -160,6 +190,19 @@ class LoaderSettings(StrictModel):
     max_skip_fraction: Optional[float] = Field(0.5, gt=0, le=1)
     #: skips stop the run after this many in a row in one worker; null: never
     max_consecutive_skips: Optional[int] = Field(100, ge=1)
+    #: Energon: samples read in a row from one shard before another is picked (null: whole slices)
+    max_samples_per_sequence: Optional[int] = Field(None, ge=1)
+    #: batches each worker prepares ahead (torch ``DataLoader`` ``prefetch_factor``)
+    prefetch_factor: int = Field(2, ge=1)
+    #: seconds between worker checkpoints: a restore replays at most this long of batches, and the
+    #: loader keeps that many batches' keys for an elastic resume
+    checkpoint_every_sec: float = Field(1.0, gt=0)
+    #: seconds a worker may take for one batch before the loader fails naming it; null: no watchdog
+    watchdog_timeout_seconds: Optional[float] = Field(None, gt=0)
+    #: run the garbage collector every N batches in each worker; 0: never
+    gc_collect_every_n_steps: int = Field(0, ge=0)
+    #: an Energon ``FileStoreCachePool`` for media read through aux sources (null: none)
+    cache_pool: Optional["CachePoolConfig"] = None
 
     @model_validator(mode="after")
     def _rank(self) -> "LoaderSettings":
@@ -181,8 +224,12 @@ class LoaderConfig(StrictModel):
         if all(isinstance(s, MegatronSource) for s in sources):
             if self.packing is not None:
                 raise ValueError("packing: megatron_sft_packed rows are packed already; remove the packing section")
-            if self.data.default_cooker is not None:
-                raise ValueError("data.default_cooker: megatron_sft_packed sources have no cookers")
+            if self.data.default_cooker is not None or self.data.cookers is not None:
+                key = "default_cooker" if self.data.default_cooker is not None else "cookers"
+                raise ValueError(f"data.{key}: megatron_sft_packed sources have no cookers")
+        if self.data.default_cooker is not None and self.data.cookers is not None:
+            raise ValueError("data.default_cooker: set either it or data.cookers (whose last entry without "
+                             "has_subflavors is the fallback), not both")
         return self
 
     def resolved(self, base: Path) -> "LoaderConfig":
@@ -199,6 +246,9 @@ class LoaderConfig(StrictModel):
                 src.path = fix(src.path)
         if out.data.media_roots is not None:
             out.data.media_roots = [fix(p) for p in out.data.media_roots]
+        pool = out.loader.cache_pool
+        if pool is not None and pool.directory is not None:
+            pool.directory = fix(pool.directory)
         return out
 
 

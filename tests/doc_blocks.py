@@ -332,10 +332,11 @@ def check_loader(data: dict, folder: Path) -> None:
 def check_subflavors(sub: Any, where: str) -> None:
     from types import SimpleNamespace
 
+    from energon_nemotron.cookers.selection import CookerSelection
     from energon_nemotron.cookers.subflavors import subflavor_problems
 
     leaf = SimpleNamespace(subflavors=sub or {}, origin={}, path=Path(where))
-    problems = subflavor_problems(leaf, default_cooker=None) if sub and "cooker" in sub else []
+    problems = subflavor_problems(leaf, CookerSelection()) if sub and "cooker" in sub else []
     if sub and "cooker" not in sub:         # keys without a cooker here: known to some cooker
         from energon_nemotron import COOKERS
         from energon_nemotron.cookers import subflavor_keys

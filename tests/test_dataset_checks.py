@@ -186,6 +186,7 @@ def test_subflavors_merge_as_energon_does(prepared, tmp_path):
 
 def test_declared_subflavor_keys_per_cooker():
     from energon_nemotron.cookers import subflavor_keys
+    from energon_nemotron.cookers.selection import CookerSelection
     from energon_nemotron.cookers.subflavors import subflavor_problems
     from energon_nemotron.guards import Leaf
     from energon_nemotron.registry import COOKERS
@@ -195,12 +196,12 @@ def test_declared_subflavor_keys_per_cooker():
     assert all(subflavor_keys(c)["train_only_on_last_assistant_turn"] is bool for c in COOKERS.names()
                if c != "granary_asr")
     asr = Leaf(Path("/data/asr"), "webdataset", "train", {"cooker": "granary_asr", "asr_prompt": "Say it."})
-    assert subflavor_problems(asr, None) == []
+    assert subflavor_problems(asr, CookerSelection()) == []
     asr.subflavors["asr_prompt"] = 3
-    assert "must be a string, got 3" in subflavor_problems(asr, None)[0]
+    assert "must be a string, got 3" in subflavor_problems(asr, CookerSelection())[0]
     bare = Leaf(Path("/data/chat.jsonl"), "jsonl", "train", {"skip_chat_template": True})
-    assert subflavor_problems(bare, "openai_messages") == []
-    assert "name no registered cooker" in subflavor_problems(bare, None)[0]
+    assert subflavor_problems(bare, CookerSelection(None, "openai_messages")) == []
+    assert "name no registered cooker" in subflavor_problems(bare, CookerSelection())[0]
 
 
 # --- item 2: the fingerprint covers the files that shape the stream ------------------------------

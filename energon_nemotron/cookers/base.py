@@ -8,31 +8,18 @@ from typing import Any, Callable, Optional, Sequence
 
 from megatron.energon import Cooker
 
+from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.errors import ConfigError, DataError, sample_where  # noqa: F401  (re-exported)
 from energon_nemotron.guards.json_safety import check_strings, parse_json
 from energon_nemotron.registry import COOKERS
 from energon_nemotron.types import MODALITIES, Message
 
 
-class NamedCooker(Cooker):
-    """A ``Cooker`` selected by ``subflavors.cooker == name``; datasets without subflavors (a
-    standalone JSONL file) do not match instead of failing inside Energon."""
-
-    def is_match(self, subflavors: Optional[dict]) -> bool:
-        return subflavors is not None and super().is_match(subflavors)
-
-
-def build_cookers(default_cooker: Optional[str] = None) -> list[Cooker]:
-    """One ``Cooker`` per registered name, plus ``default_cooker`` (if given) for datasets whose
-    subflavors name no cooker."""
-    cookers: list[Cooker] = [NamedCooker(COOKERS.get(name), has_subflavors={"cooker": name})
-                             for name in COOKERS.names()]
-    if default_cooker is not None:
-        try:
-            cookers.append(Cooker(COOKERS.get(default_cooker)))
-        except KeyError as e:
-            raise ConfigError(f"default_cooker: {e.args[0]}") from None
-    return cookers
+def build_cookers(default_cooker: Optional[str] = None, rules: Optional[Sequence[dict]] = None) -> list[Cooker]:
+    """Energon ``Cooker``s for the loader's cooker rules (``cookers.selection``): ``rules`` (the
+    ``data.cookers`` list) in order, or one per registered name selected by ``subflavors.cooker``
+    plus ``default_cooker`` (if given) for datasets whose subflavors name none."""
+    return CookerSelection(rules, default_cooker).energon_cookers()
 
 
 def payload(sample: dict, where: str) -> dict:

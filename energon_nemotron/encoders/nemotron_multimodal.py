@@ -60,6 +60,8 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             with the datasets' aux sources, they reach the cookers through ``cook_crude_sample``.
         runtime: how the encoder is run (``encoders.runtime.Runtime``: its counters, built for the
             loader's workers; Energon's failure tolerance; per-buffer tokenization).
+        cookers: the ordered cooker rules ``[{name, options, has_subflavors}]`` (``data.cookers``;
+            ``cookers.selection``); None: ``subflavors.cooker`` selects, else ``default_cooker``.
     """
 
     Options = NemotronMultimodalOptions
@@ -68,7 +70,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
     def __init__(self, tokenizer: Any, options: Union[NemotronMultimodalOptions, dict],
                  packing: Optional[PackingConfig] = None, default_cooker: Optional[str] = None,
                  seed: int = 0, media_roots: Sequence[Union[str, Path]] = (),
-                 runtime: Optional[Runtime] = None) -> None:
+                 runtime: Optional[Runtime] = None, cookers: Optional[Sequence[dict]] = None) -> None:
         super().__init__()
         o = self.options = options if isinstance(options, NemotronMultimodalOptions) else \
             NemotronMultimodalOptions(**options)
@@ -83,7 +85,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             raise ConfigError(f"packing.algorithm {packing.algorithm!r} has no second budget for "
                               f"max_media_patches_per_pack; use one of: {', '.join(second_budget_packers())}")
         self.over_length = OverLengthPolicy(o.over_length, o.seq_length, self.pad_multiple)
-        self.cookers = build_cookers(default_cooker)
+        self.cookers = build_cookers(default_cooker, cookers)
         self.media_roots = tuple(Path(r).resolve() for r in media_roots)
         runtime = runtime or Runtime()
         self.counters = runtime.counters

@@ -71,6 +71,8 @@ def build_task_encoder(config: ConfigLike, subclass: Optional[Callable[[type], t
         extra["runtime"] = runtime
     if subclass is not None:
         cls = subclass(cls)
+    if cfg.data.cookers is not None:
+        extra["cookers"] = [c.model_dump() for c in cfg.data.cookers]
     return cls(cfg.tokenizer, options, packing=cfg.packing, default_cooker=cfg.data.default_cooker,
                seed=cfg.loader.seed, **extra)
 
@@ -102,7 +104,7 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                     counters: EncoderCounters) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
-    check_source(src.path, src.split, cfg.data.default_cooker)   # tree, subflavors, shards against indexes
+    check_source(src.path, src.split, cfg.data)   # tree, subflavors, shards against indexes
     # skipping never turns into a fatal error (the skip limits stop a run that only skips)
     runtime = Runtime(counters, failure_tolerance=0 if cfg.loader.on_error == "skip" else None)
     encoder = build_task_encoder(cfg, runtime=runtime)
@@ -114,11 +116,12 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                   task_encoder=encoder, packing_buffer_size=cfg.packing.buffer_size if cfg.packing else None)
     try:
         if validation:
-            dataset = get_val_dataset(str(src.path), split_part=src.split, **common)
+            dataset = get_val_dataset(str(src.path), split_part=src.split, limit=src.limit, **common)
         else:
             dataset = get_train_dataset(str(src.path), split_part=src.split, repeat=repeat,
                                         shuffle_buffer_size=cfg.loader.shuffle_buffer_size,
-                                        max_samples_per_sequence=None, **common)
+                                        max_samples_per_sequence=cfg.loader.max_samples_per_sequence,
+                                        virtual_epoch_length=src.virtual_epoch_length, **common)
     except AssertionError as e:
         if is_weighted_blend_error(e):
             raise ConfigError(f"{src.path}: a weighted blend has no epoch, so it cannot be read once; use "
@@ -131,11 +134,24 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                               "data.default_cooker in the loader config") from None
         raise
     guard_reads(dataset)                     # a shard damaged inside: a DatasetError naming it, not a traceback
-    # a worker checkpoint at least every second (Energon's default: every minute): a restore replays
-    # at most a second of batches, and the loader keeps that many batches' keys for the elastic
-    # merge (energon_nemotron.resume.elastic.RecentBatches); the stream is unchanged
-    return get_savable_loader(dataset, gc_collect_every_n_steps=0, watchdog_timeout_seconds=None,
-                              checkpoint_every_sec=1, checkpoint_every_min_n_samples=1)
+    # a worker checkpoint every loader.checkpoint_every_sec (default 1 s; Energon's: every minute): a
+    # restore replays at most that long of batches, and the loader keeps that many batches' keys for
+    # the elastic merge (energon_nemotron.resume.elastic.RecentBatches); the stream is unchanged
+    s = cfg.loader
+    return get_savable_loader(dataset, gc_collect_every_n_steps=s.gc_collect_every_n_steps,
+                              watchdog_timeout_seconds=s.watchdog_timeout_seconds, prefetch_factor=s.prefetch_factor,
+                              checkpoint_every_sec=s.checkpoint_every_sec, checkpoint_every_min_n_samples=1,
+                              cache_pool=_cache_pool(s.cache_pool), fail_on_timeout=s.watchdog_timeout_seconds is not None)
+
+
+def _cache_pool(pool: Any) -> Any:
+    """Energon's ``FileStoreCachePool`` for ``loader.cache_pool`` (None when unset)."""
+    if pool is None:
+        return None
+    from megatron.energon import FileStoreCachePool
+
+    extra = {} if pool.max_gbytes is None else {"max_cache_size_gbytes": pool.max_gbytes}
+    return FileStoreCachePool(method="raw", num_workers=pool.num_workers, parent_cache_dir=pool.directory, **extra)
 
 
 def with_dp(config: ConfigLike, dp_rank: Optional[int], dp_size: Optional[int]) -> LoaderConfig:

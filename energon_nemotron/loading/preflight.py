@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from energon_nemotron.config import DataConfig, MegatronSource, Source
+from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.cookers.subflavors import subflavor_problems
 from energon_nemotron.errors import ConfigError, DatasetError
 from energon_nemotron.guards.energon_files import META, unprepared
@@ -67,14 +68,23 @@ def _raise(kind: type, what: str, problems: list[str], fix: str = "") -> None:
         raise kind(f"{what}:\n  " + "\n  ".join(listed) + (f"\n{fix}" if fix else ""))
 
 
-def check_source(path: Path, split: str, default_cooker: Optional[str]) -> Tree:
+def cooker_selection(data: DataConfig) -> CookerSelection:
+    """The loader's cooker rules: ``data.cookers``, else ``subflavors.cooker`` / ``data.default_cooker``."""
+    rules = None if data.cookers is None else [c.model_dump() for c in data.cookers]
+    return CookerSelection(rules, data.default_cooker)
+
+
+def check_source(path: Path, split: str, data: Optional[DataConfig] = None) -> Tree:
     """Check an Energon source before it is read (see the module docstring): a ``ConfigError`` for
-    the tree or the subflavors, a ``DatasetError`` for damaged shards or indexes; the walked tree."""
+    the tree or the subflavors, a ``DatasetError`` for damaged shards or indexes; the walked tree.
+    ``data``: the config's data section (its cooker rules and ``other_subflavors``; None: defaults)."""
     tree = walk(Path(path), split)
     _raise(ConfigError, f"the data source {path} cannot be read", tree.problems)
     cooked = [leaf for leaf in tree.leaves if leaf.kind != "remote" and not leaf.joined]
+    selection = CookerSelection() if data is None else cooker_selection(data)
+    other = "error" if data is None else data.other_subflavors
     _raise(ConfigError, f"invalid subflavors in the data source {path}",
-           [p for leaf in cooked for p in subflavor_problems(leaf, default_cooker)])
+           [p for leaf in cooked for p in subflavor_problems(leaf, selection, other)])
     damaged = {leaf.path: leaf_problems(leaf) for leaf in tree.leaves if leaf.kind != "remote"}
     redo = [str(p) for p, found in damaged.items() if found]
     _raise(DatasetError, f"the data source {path} is damaged", [p for found in damaged.values() for p in found],

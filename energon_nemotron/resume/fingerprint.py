@@ -19,6 +19,11 @@ __all__ = ["fingerprint", "fingerprint_diff", "check_fingerprint", "file_digest"
 
 
 
+#: loader settings that never change the stream of batches
+NOT_STREAM = {"log_every", "max_skip_fraction", "max_consecutive_skips", "prefetch_factor", "checkpoint_every_sec",
+              "watchdog_timeout_seconds", "gc_collect_every_n_steps", "cache_pool"}
+
+
 def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
     """Everything that changes the stream of batches: data (paths, split, and per file that shapes an
     Energon source a ``"{split} file {path}"`` sha256: metadataset YAMLs, each dataset's dataset.yaml,
@@ -28,7 +33,9 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
     def source(src) -> Any:
         if src is None:
             return None
-        out = src.model_dump(mode="json")
+        # the epoch length and the validation limit only when set: states saved before they existed
+        out = src.model_dump(mode="json", exclude={k for k in ("virtual_epoch_length", "limit")
+                                                   if not getattr(src, k, None)})
         if isinstance(src, MegatronSource):      # an Energon source's files: stream_digests below
             index = Path(src.path).with_name(Path(src.path).name + ".idx")
             out["index"] = file_digest(index) if index.is_file() else None
@@ -47,14 +54,16 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
         "split": split, "repeat": repeat,
         "train": source(cfg.data.train), "validation": source(cfg.data.validation),
         "default_cooker": cfg.data.default_cooker, "cookers": COOKERS.names(),
+        **({"cooker_rules": [c.model_dump(mode="json") for c in cfg.data.cookers]} if cfg.data.cookers else {}),
         # only when set, so that states saved without roots keep their fingerprint
         **({"media_roots": [str(Path(p).resolve()) for p in cfg.data.media_roots]} if cfg.data.media_roots else {}),
         "task_encoder": cfg.task_encoder.model_dump(mode="json"),
         "packing": cfg.packing.model_dump(mode="json") if cfg.packing else None,
         "tokenizer": file_digest(*tok.glob("*")) if tok.is_dir() else str(tok),
-        # logging and the skip limits (which only stop a broken run) never change the stream
-        "loader": cfg.loader.model_dump(mode="json", exclude={"log_every", "max_skip_fraction",
-                                                              "max_consecutive_skips"}),
+        # logging, the skip limits (which only stop a broken run) and how workers run (prefetch,
+        # checkpoint period, watchdog, garbage collection, cache pool) never change the stream
+        "loader": cfg.loader.model_dump(mode="json", exclude=NOT_STREAM | ({"max_samples_per_sequence"} if
+                                        cfg.loader.max_samples_per_sequence is None else set())),
         **files("train", cfg.data.train), **files("validation", cfg.data.validation),
     }
 

@@ -33,7 +33,9 @@ from energon_nemotron.encoders.over_length import OverLengthSkip
 from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
 from energon_nemotron.guards.policy import SampleErrorHandler, failure_text
 from energon_nemotron.guards.shards import guard_reads
+from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.loading import build_task_encoder, check_source
+from energon_nemotron.loading.preflight import cooker_selection
 from energon_nemotron.media.handlers import read_payload
 from energon_nemotron.stats.records import DatasetPart, SampleRecord, limited
 
@@ -151,7 +153,7 @@ def stats_encoder(cfg: LoaderConfig) -> Any:
     return build_task_encoder(cfg, subclass=phase1_class, runtime=runtime)
 
 
-def dataset_info(loaded: Any, default_cooker: Optional[str]) -> dict:
+def dataset_info(loaded: Any, selection: CookerSelection) -> dict:
     """How the report names a dataset Energon loaded: path, format, blend weight / repetitions,
     subflavors, the cooker they select, aux source names and the samples of the split."""
     factory = loaded.dataset
@@ -159,7 +161,7 @@ def dataset_info(loaded: Any, default_cooker: Optional[str]) -> dict:
     subflavors = dict(getattr(factory, "subflavors", None) or {})
     return {"path": path, "format": "jsonl" if path.endswith(".jsonl") else "webdataset",
             "weight": loaded.weight, "repetitions": loaded.repetitions, "subflavors": subflavors,
-            "cooker": subflavors.get("cooker", default_cooker), "aux": sorted(loaded.aux or {}),
+            "cooker": selection.cooker_for(subflavors), "aux": sorted(loaded.aux or {}),
             "samples_in_split": len(factory)}
 
 
@@ -172,7 +174,8 @@ def read_energon(cfg: LoaderConfig, src: EnergonSource, rank: int = 0, world: in
     from megatron.energon import WorkerConfig, load_dataset
     from tqdm import tqdm
 
-    check_source(Path(src.path), src.split, cfg.data.default_cooker)
+    check_source(Path(src.path), src.split, cfg.data)
+    selection = cooker_selection(cfg.data)
     encoder = stats_encoder(cfg)
     failures = FailureLog()
     wc = WorkerConfig(rank=rank, world_size=world, num_workers=0, seed_offset=cfg.loader.seed,
@@ -181,7 +184,7 @@ def read_energon(cfg: LoaderConfig, src: EnergonSource, rank: int = 0, world: in
                                                       decoder=encoder.decoder)
     parts = []
     for item in loaded.datasets:
-        info = dataset_info(item, cfg.data.default_cooker)
+        info = dataset_info(item, selection)
         dataset = encoder.build_val_datasets(datasets=[item], worker_config=wc, batch_size=None)
         guard_reads(dataset)
         total = info["samples_in_split"] if world == 1 else None
