@@ -21,6 +21,7 @@ import gc
 import importlib
 import inspect
 import json
+import os
 import re
 import sqlite3
 from pathlib import Path
@@ -45,7 +46,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, DatasetHook, 
                                        inner_datasets, is_leaf, is_loader_state, is_no_cooker_error,
                                        is_weighted_blend_error, is_worker_checkpoint, is_wrapper, leaf_epoch,
                                        leaf_readers, leaf_shuffle_over_epochs, leaf_size, leaf_worker_slices,
-                                       load_yaml, names_samples, quiet_error_prints, raw_sample_key,
+                                       load_yaml, names_samples, quiet_error_prints, raw_sample_key, set_nvdataset_cache_dir,
                                        read_leaf_sample, reader_jsonl, reader_location, reader_position,
                                        sample_index, sample_refs, savable_fields, saved_class, saved_inner,
                                        saved_leaf_epoch, saved_leaf_slices, saves, set_default_failure_tolerance,
@@ -739,6 +740,23 @@ def test_guard_jsonl_lines_checks_each_line_before_energon_parses_it(data, monke
 
 # -- files and aux sources --------------------------------------------------------------------------
 
+def test_dss_paths_resolve_under_the_nvdataset_cache_dir(data, tmp_path, monkeypatch):
+    """``dss://NAME@VERSION/PATH`` reads ``ROOT/NAME/VERSION/PATH`` once the root is set."""
+    import shutil
+
+    from megatron.energon.epathlib import epath as energon_epath
+
+    monkeypatch.setattr(energon_epath, "NVDATASET_CACHE_DIR", energon_epath.NVDATASET_CACHE_DIR)
+    monkeypatch.setenv("NVDATASET_CACHE_DIR", os.environ.get("NVDATASET_CACHE_DIR", ""))
+    shutil.copytree(data.a, tmp_path / "corpus" / "v0" / "a")
+    set_nvdataset_cache_dir(tmp_path)
+    assert os.environ["NVDATASET_CACHE_DIR"] == str(tmp_path)
+    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    loaded, = load_dataset("dss://corpus@v0/a").get_datasets(training=False, split_part="train",
+                                                              worker_config=worker_config).datasets
+    assert len(loaded.dataset) == N_A
+
+
 def test_files_and_aux_sources(data):
     meta = data.a / ".nv-meta"
     parsed = load_yaml((meta / "dataset.yaml").read_bytes())
@@ -801,6 +819,7 @@ EXERCISED = {
     "test_saves_declares_what_energon_saves_and_restores": ["saves", "WrapperDataset", "savable_fields"],
     "test_basic_loader_reads_a_built_dataset": ["basic_loader", "sample_index"],
     "test_guard_jsonl_lines_checks_each_line_before_energon_parses_it": ["guard_jsonl_lines"],
+    "test_dss_paths_resolve_under_the_nvdataset_cache_dir": ["set_nvdataset_cache_dir"],
     "test_files_and_aux_sources": ["load_yaml", "store_kind", "store_local_base", "webdataset_entry",
                                    "filesystem_entry", "store_entry_names", "add_source_info",
                                    "indexed_sample_key"],

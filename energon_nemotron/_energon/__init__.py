@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from energon_nemotron._energon.compat import SUPPORTED, check_version
 from energon_nemotron._energon.files import (add_source_info, filesystem_entry, indexed_sample_key, load_yaml,
-                                             store_entry_names, store_kind, store_local_base, webdataset_entry)
+                                             set_nvdataset_cache_dir, store_entry_names, store_kind, store_local_base,
+                                             webdataset_entry)
 from energon_nemotron._energon.patches import guard_jsonl_lines, quiet_error_prints
 from energon_nemotron._energon.stages import (DatasetHook, WrapperDataset, basic_loader, is_no_cooker_error,
                                               is_weighted_blend_error, saves, set_default_failure_tolerance,
@@ -38,7 +39,7 @@ __all__ = ["SUPPORTED", "check_version",
            "quiet_error_prints", "guard_jsonl_lines",
            # files and aux sources
            "load_yaml", "store_kind", "store_local_base", "webdataset_entry", "filesystem_entry", "store_entry_names",
-           "add_source_info", "indexed_sample_key",
+           "add_source_info", "indexed_sample_key", "set_nvdataset_cache_dir",
            # the dataset tree, its leaves and restore keys
            "LEAF", "SELECTORS", "inner_datasets", "is_leaf", "leaf_readers", "wrap_leaf_readers", "leaf_size",
            "leaf_epoch", "leaf_worker_slices", "leaf_shuffle_over_epochs", "reader_location", "reader_jsonl",

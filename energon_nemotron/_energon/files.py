@@ -3,11 +3,13 @@ aux source found without reading them."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
 from megatron.energon import SourceInfo
 from megatron.energon.cache.file_store import SystemFileStore, WebdatasetFileStore
+from megatron.energon.epathlib import epath as _epath
 from megatron.energon.eyaml import load_yaml as _load_yaml
 from megatron.energon.flavors.webdataset.config import split_name_re
 from megatron.energon.source_info import add_source_info as _add_source_info
@@ -79,3 +81,12 @@ def indexed_sample_key(meta: Path, shard: int, position: int) -> Optional[str]:
         row = db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
                          (shard, position)).fetchone()
     return row[0] if row else None
+
+
+def set_nvdataset_cache_dir(path: Path) -> None:
+    """The root of ``dss://NAME@VERSION/PATH`` dataset paths (Energon reads ``PATH`` under
+    ``ROOT/NAME/VERSION/``): the environment variable ``NVDATASET_CACHE_DIR``, which Energon reads
+    once at import (and worker processes inherit), and the module global of ``megatron.energon.epathlib.epath``
+    it was read into."""
+    os.environ["NVDATASET_CACHE_DIR"] = str(path)
+    _epath.NVDATASET_CACHE_DIR = _epath.EPath(str(path))
