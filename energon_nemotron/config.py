@@ -53,6 +53,9 @@ class PackingConfig(StrictModel):
     max_sequences_per_bin: Optional[int] = Field(None, ge=1)
     #: second budget per pack: vision patches (images and video frames), balancing encoder work
     max_media_patches_per_pack: Optional[int] = Field(None, ge=1)
+    #: balanced_greedy_knapsack only: bins opened up front beyond ceil(total / capacity) (NeMo-RL's
+    #: and Megatron-LM's ``balanced_knapsack_delta``); null: none (0)
+    balanced_knapsack_delta: Optional[int] = Field(None, ge=0)
 
     @field_validator("algorithm")
     @classmethod
@@ -62,6 +65,14 @@ class PackingConfig(StrictModel):
         if v not in PACKERS:
             raise ValueError(f"unknown packing algorithm {v!r}; known: {', '.join(PACKERS.names())}")
         return v
+
+    @model_validator(mode="after")
+    def _delta_for_balanced(self) -> "PackingConfig":
+        if self.balanced_knapsack_delta is not None and self.algorithm != "balanced_greedy_knapsack":
+            raise ValueError(f"balanced_knapsack_delta: only balanced_greedy_knapsack opens bins up front, so "
+                             f"it is the only algorithm that takes it (algorithm is {self.algorithm!r}); "
+                             f"remove the key or set algorithm: balanced_greedy_knapsack")
+        return self
 
 
 class EnergonSource(StrictModel):
