@@ -171,4 +171,4 @@ MODEL_PRESETS: Registry = Registry("model preset", ["energon_nemotron.encoders.p
 #: ``name -> encoders.outputs.BatchOutput``. The built-in ones are the consumer adapters'
 #: (``integrations/``), registered by module name: the one link from the core to ``integrations/``,
 #: made at run time on the first lookup, never by an import.
-BATCH_OUTPUTS: Registry = Registry("batch output", ["energon_nemotron.integrations.bridge_outputs"])
+BATCH_OUTPUTS: Registry = Registry("batch output", ["energon_nemotron.integrations.bridge_outputs", "energon_nemotron.integrations.nemo_rl.outputs"])

@@ -52,7 +52,7 @@ class NemotronMultimodalOptions(StrictModel):
     preset: Optional[str] = None
     #: what ``batch`` yields: a ``PackedBatch``, or the dict of one Megatron-Bridge step (one row
     #: per micro-batch; ``integrations.megatron_bridge``)
-    output: Literal["packed_batch", "nemotron_omni_step", "gpt_step"] = "packed_batch"
+    output: Literal["packed_batch", "nemotron_omni_step", "gpt_step", "nemo_rl_packed"] = "packed_batch"
     #: the bad-sample policy when the encoder runs under another loader than this project's (e.g.
     #: Bridge's Energon data module, whose WorkerConfig has no handler); None: the loader's
     on_error: Optional[Literal["raise", "skip"]] = None
