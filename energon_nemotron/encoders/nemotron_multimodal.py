@@ -89,7 +89,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         self.media_roots = tuple(Path(r).resolve() for r in media_roots)
         runtime = runtime or Runtime()
         self.counters = runtime.counters
-        self.text = ConversationTokenizer(tokenizer, o.prompt_format)
+        self.text = ConversationTokenizer(tokenizer, o.prompt_format, o.model_dump(include={"thinking_trace_format", "relax_thinking_trace_check"}))
         tok = self.text.tokenizer
         self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
         self.media = MediaHandlers(tok, TextEncoder(tok), media_options("image", o.image),

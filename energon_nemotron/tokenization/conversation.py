@@ -13,12 +13,12 @@ every piece after tokenization (``tokenization.reserved``; ``reserved_tag``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from energon_nemotron.errors import ConfigError, DataError
-from energon_nemotron.tokenization.formats import Rendered, get_prompt_format, render_preformatted
+from energon_nemotron.tokenization.formats import Rendered, get_prompt_format
 from energon_nemotron.tokenization.loading import load_tokenizer
 from energon_nemotron.tokenization.reserved import PLACEHOLDER_TOKENS, ReservedTokens
 from energon_nemotron.tokenization.tool_rendering import strings_in, tool_texts
@@ -79,10 +79,14 @@ class ConversationTokenizer:
 
     Args:
         tokenizer: a Hugging Face fast tokenizer or a local directory.
-        prompt_format: a registered format name (``tokenizer``, ``nemotron6``, ``nemotron-h``).
+        prompt_format: a registered format name (``tokenizer``, ``nemotron6``, ``nemotron-h``,
+            ``nemotron6-moe``, ``nemotron-h-5p5-reasoning``).
+        format_options: the format's options (``thinking_trace_format``,
+            ``relax_thinking_trace_check``; see ``get_prompt_format``); None or False values are
+            not given.
     """
 
-    def __init__(self, tokenizer: Any, prompt_format: str) -> None:
+    def __init__(self, tokenizer: Any, prompt_format: str, format_options: Optional[dict] = None) -> None:
         self.tokenizer = load_tokenizer(tokenizer)
         self.backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if self.backend is None:
@@ -94,7 +98,7 @@ class ConversationTokenizer:
             self.backend = Tokenizer.from_str(self.backend.to_str())
             self.backend.no_padding()
             self.backend.no_truncation()
-        self.format = get_prompt_format(prompt_format, self.tokenizer)
+        self.format = get_prompt_format(prompt_format, self.tokenizer, **(format_options or {}))
         self.prompt_format = prompt_format
         # a reserved string only forges a placeholder where the tokenizer makes it a single token
         self.reserved_tokens = ReservedTokens(self.tokenizer)
@@ -144,16 +148,7 @@ class ConversationTokenizer:
         trained turn). Tool calls and tool definitions need a prompt format: preformatted text with
         them is an error."""
         self.check_text(messages, key, tools)
-        if preformatted:
-            if tools or any(m.tool_calls for m in messages):
-                raise DataError(key, "has tool calls or tool definitions, but skip_chat_template is set: preformatted "
-                                     "text must hold its tool calls as text (or drop skip_chat_template)")
-            rendered = render_preformatted(messages)
-        else:
-            rendered = self.format.render(messages, key, tools=tools) if tools else self.format.render(messages, key)
-        if last_only:
-            rendered.spans = rendered.spans[-1:]
-        return rendered
+        return self.format.render_sample(messages, key, preformatted, last_only, tools)
 
     def prepare(self, segments: list[list[Message]], key: str, preformatted: bool = False,
                 last_only: bool = False, media: Sequence[Any] = (), tools: Sequence[dict] = ()) -> Prepared:

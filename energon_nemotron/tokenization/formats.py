@@ -101,9 +101,14 @@ def split_thinking(content: str, reasoning: Optional[str], key: str) -> tuple[st
 
 
 class PromptFormat:
-    """A named prompt format: ``render(messages, key) -> Rendered``."""
+    """A named prompt format: ``render(messages, key) -> Rendered``; the encoder calls
+    :meth:`render_sample`, which also handles preformatted samples and last-turn-only training.
+
+    ``options``: the format options the class takes as keyword arguments (``get_prompt_format``
+    refuses any other)."""
 
     name = ""
+    options: tuple[str, ...] = ()
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -112,6 +117,22 @@ class PromptFormat:
         """``tools``: the function definitions offered (a format without tool support may omit the
         parameter; it is then called without it and conversations with tools are an error)."""
         raise NotImplementedError
+
+    def render_sample(self, messages: list[Message], key: str, preformatted: bool = False,
+                      last_only: bool = False, tools: Sequence[dict] = ()) -> Rendered:
+        """One conversation as the encoder hands it over: rendered by :meth:`render`, or
+        concatenated when ``preformatted`` (``subflavors.skip_chat_template``; tool calls and tool
+        definitions are then an error); ``last_only``: only the last trained span is kept."""
+        if preformatted:
+            if tools or any(m.tool_calls for m in messages):
+                raise DataError(key, "has tool calls or tool definitions, but skip_chat_template is set: preformatted "
+                                     "text must hold its tool calls as text (or drop skip_chat_template)")
+            rendered = render_preformatted(messages)
+        else:
+            rendered = self.render(messages, key, tools=tools) if tools else self.render(messages, key)
+        if last_only:
+            rendered.spans = rendered.spans[-1:]
+        return rendered
 
 
 @PROMPT_FORMATS.register("nemotron6")
@@ -298,8 +319,20 @@ class TokenizerTemplateFormat(PromptFormat):
         return Rendered(text, spans)
 
 
-def get_prompt_format(name: str, tokenizer: Any) -> PromptFormat:
+def get_prompt_format(name: str, tokenizer: Any, **format_options: Any) -> PromptFormat:
+    """The registered format ``name`` for ``tokenizer``, with its ``format_options``
+    (``thinking_trace_format``, ``relax_thinking_trace_check``, ...). An option set to None or False
+    is not given; a format refuses any other option it does not take (``ConfigError`` naming the
+    option and the formats that take it)."""
     try:
-        return PROMPT_FORMATS.get(name)(tokenizer)
+        cls = PROMPT_FORMATS.get(name)
     except KeyError as e:
         raise ConfigError(str(e.args[0])) from None
+    given = {k: v for k, v in format_options.items() if v is not None and v is not False}
+    for option in given:
+        if option not in cls.options:
+            takers = [n for n in PROMPT_FORMATS.names() if option in getattr(PROMPT_FORMATS.get(n), "options", ())]
+            raise ConfigError(f"prompt_format {name!r} does not take the option {option!r} "
+                              f"(task_encoder.options.{option}); " + (f"formats that do: {', '.join(takers)}"
+                                                                      if takers else "no format does"))
+    return cls(tokenizer, **given)
