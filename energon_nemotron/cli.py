@@ -73,19 +73,42 @@ def cmd_inspect_megatron(a: argparse.Namespace) -> int:
     return 0
 
 
+def _config(a: argparse.Namespace, dp_rank: int = 0, dp_size: int = 1):
+    """The loader config a command reads: its YAML, or ``--nemo-rl``'s NeMo-RL master config
+    (``registry.CONFIG_READERS``: the NeMo-RL adapter of ``integrations``, with ``--tokenizer``)."""
+    if (a.config is None) == (a.nemo_rl is None):
+        raise ConfigError("give a loader YAML or --nemo-rl CONFIG.yaml (one of them)")
+    if a.config is not None:
+        if a.tokenizer is not None:
+            raise ConfigError("--tokenizer goes with --nemo-rl; a loader YAML names its tokenizer")
+        return a.config
+    from energon_nemotron.registry import CONFIG_READERS
+
+    return CONFIG_READERS.get("nemo_rl")(a.nemo_rl, a.tokenizer, dp_rank, dp_size)
+
+
 def cmd_preview(a: argparse.Namespace) -> int:
     from energon_nemotron.inspection.preview import PreviewOptions, run_preview
 
     options = PreviewOptions(split=a.split, dp_rank=a.dp_rank, dp_size=a.dp_size, load_state=a.load_state,
                              save_state=a.save_state)
-    return run_preview(a.config, batches=a.batches, as_json=a.json, color=a.color, html=a.html, options=options)
+    return run_preview(_config(a, a.dp_rank, a.dp_size), batches=a.batches, as_json=a.json, color=a.color,
+                       html=a.html, options=options)
 
 
 def cmd_stats(a: argparse.Namespace) -> int:
     from energon_nemotron.stats.run import StatsOptions, run_stats
 
     options = StatsOptions(split=a.split, engine=a.engine, limit=a.limit, address=a.address, num_cpus=a.num_cpus)
-    return run_stats(a.config, options, as_json=a.json, html=a.html, progress=not a.no_progress)
+    return run_stats(_config(a), options, as_json=a.json, html=a.html, progress=not a.no_progress)
+
+
+def _config_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("config", nargs="?", default=None, help="a loader YAML")
+    s.add_argument("--nemo-rl", default=None, metavar="CONFIG.yaml",
+                   help="read a NeMo-RL SFT v2 master config instead (docs: Coming from NeMo-RL)")
+    s.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="--nemo-rl: the tokenizer folder (default: policy.tokenizer.name when it is a folder)")
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -155,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_inspect_megatron)
 
     s = sub.add_parser("preview", help="show the packed batches a loader config produces")
-    s.add_argument("config", help="a loader YAML")
+    _config_arguments(s)
     s.add_argument("--batches", type=int, default=None, help="stop after N batches (default: one epoch)")
     s.add_argument("--json", action="store_true", help="one JSON object per batch, then a summary line")
     s.add_argument("--color", choices=["auto", "always", "never"], default="auto")
@@ -170,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_preview)
 
     s = sub.add_parser("stats", help="the shape of a loader config's datasets: lengths, skips, media, packing fill")
-    s.add_argument("config", help="a loader YAML")
+    _config_arguments(s)
     s.add_argument("--split", choices=["train", "validation"], default="train")
     s.add_argument("--limit", type=int, default=None, metavar="N", help="read at most N samples (rows) per dataset")
     s.add_argument("--json", action="store_true", help="print one JSON object")

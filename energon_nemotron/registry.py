@@ -172,3 +172,7 @@ MODEL_PRESETS: Registry = Registry("model preset", ["energon_nemotron.encoders.p
 #: (``integrations/``), registered by module name: the one link from the core to ``integrations/``,
 #: made at run time on the first lookup, never by an import.
 BATCH_OUTPUTS: Registry = Registry("batch output", ["energon_nemotron.integrations.bridge_outputs", "energon_nemotron.integrations.nemo_rl.outputs"])
+#: Other stacks' configuration files read as a ``LoaderConfig`` (the command line's ``--nemo-rl``):
+#: ``name -> fn(path, tokenizer, dp_rank, dp_size) -> LoaderConfig``, registered by the consumer
+#: adapters (``integrations/``) by module name, as ``BATCH_OUTPUTS``.
+CONFIG_READERS: Registry = Registry("config reader", ["energon_nemotron.integrations.nemo_rl.config"])

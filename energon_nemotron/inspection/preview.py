@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from energon_nemotron.config import MegatronSource, load_config
+from energon_nemotron.config import MegatronSource
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.inspection.html import render_html
 from energon_nemotron.inspection.rows import batch_json, row_text
-from energon_nemotron.loading import build_train_loader, build_val_loader
+from energon_nemotron.loading import as_config, build_train_loader, build_val_loader
 from energon_nemotron.resume import load_state_file, save_state_file
 from energon_nemotron.tokenization.loading import load_tokenizer
 
@@ -57,7 +57,7 @@ HTML_BATCHES = 8
 
 def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str, out, html: Optional[str],
              o: PreviewOptions) -> int:
-    cfg = load_config(config_path)
+    cfg = as_config(config_path)
     if o.split == "validation":
         loader = build_val_loader(cfg, dp_rank=o.dp_rank, dp_size=o.dp_size)
         source = cfg.data.validation

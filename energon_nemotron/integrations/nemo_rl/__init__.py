@@ -1,5 +1,8 @@
-"""NeMo-RL adapters: ``PackedBatch`` as the batch dicts NeMo-RL's SFT policy reads (``batches``) and
-the ``nemo_rl_packed`` task-encoder output (``outputs``, registered by module name in
+"""NeMo-RL adapters: a NeMo-RL SFT v2 master config as the library's loader config (``config``,
+with ``interpolation``, ``walk`` and ``options``; registered for ``--nemo-rl`` in
+``registry.CONFIG_READERS``), its train loader with NeMo-RL's checkpoint envelope (``loader``),
+``PackedBatch`` as the batch dicts NeMo-RL's SFT policy reads (``batches``) and the
+``nemo_rl_packed`` task-encoder output (``outputs``, registered by module name in
 ``registry.BATCH_OUTPUTS``).
 
 Lazy (PEP 562): importing this package loads nothing; each name imports its module on first use.
@@ -15,6 +18,10 @@ _EXPORTS = {
     "to_nemo_rl_packed": "batches",
     "to_nemo_rl_megatron_rows": "batches",
     "token_aligned_mask": "batches",
+    "from_nemo_rl": "config",
+    "NemoRLConfig": "config",
+    "build_nemo_rl_loader": "loader",
+    "NemoRLLoader": "loader",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,117 @@
+"""NeMo-RL's ``nemotron_multimodal`` task-encoder options (``EnergonTaskEncoderOptions``) as the
+library's ``task_encoder.options``, key by key.
+
+Each NeMo-RL option either maps to a library option (``patch_dim`` → the image and video
+``patch_size``, ``video_max_num_frames`` → ``video.max_frames``, the audio durations → ``audio.*``,
+the prompt format and its thinking-trace settings as named) or is refused by name with the reason:
+the random augmentations (frame-count and resolution scaling, temporal jitter, tiling) are not
+implemented here, and an option that would change the data silently cannot be accepted as a no-op.
+Performance-only settings (``video_decode_thread_count``) are accepted and reported as not applied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from energon_nemotron.integrations.nemo_rl.walk import Walk
+
+__all__ = ["encoder_options", "NEMO_RL_OPTION_DEFAULTS"]
+
+#: NeMo-RL's defaults (``config.py@4cb727fe``): an option at its default needs nothing here
+NEMO_RL_OPTION_DEFAULTS = {
+    "patch_dim": 16, "temporal_patch_size": 2, "prompt_format": "nemotron-h-5p5-reasoning",
+    "thinking_trace_format": "normalized", "relax_thinking_trace_check": False, "packing_sequence_length": None,
+    "video_min_num_frames": 8, "video_max_num_frames": 32, "video_default_fps": 2,
+    "video_frame_temporal_jitter": False, "video_aug_scale_frames_up": None, "video_aug_scale_resolution_up": None,
+    "video_aug_scale_resolution_only": False, "tiling_augment_prob": 0.4, "allow_large_videos": False,
+    "video_decode_thread_count": 8, "audio_subsampling_factor": None, "audio_num_mel_bins": 128,
+    "audio_clip_duration_seconds": 30.0, "min_audio_duration_seconds": 0.1, "max_audio_duration_seconds": 1800.0,
+}
+#: augmentation options and the value at which each does nothing
+_IDENTITY = {"video_frame_temporal_jitter": (False,), "video_aug_scale_frames_up": (None, 1),
+             "video_aug_scale_resolution_up": (None, 1)}
+#: NeMo-RL caps video duration at this many seconds unless allow_large_videos
+NEMO_RL_MAX_VIDEO_SECONDS = 600.0
+#: what the library uses for "no cap" (its option must be a finite number)
+NO_VIDEO_CAP = 1e9
+
+
+def _task_encoder_name(walk: Walk) -> str:
+    key = "data.energon.task_encoder"
+    te = walk.get(key, {"name": "generic_sft"})
+    name = te if isinstance(te, str) else te.get("name", "generic_sft") if isinstance(te, dict) else None
+    if isinstance(te, dict):
+        for k in te:
+            if k in ("python_file", "object_name", "object"):
+                walk.refuse(f"{key}.{k}", "file-backed task encoders are not loaded: nothing is imported from a path "
+                                          "in YAML; this library's encoder is nemotron_multimodal")
+            if k not in ("name", "options", "packing"):
+                walk.refuse(f"{key}.{k}", "not a key of NeMo-RL's task encoder config (name, options, packing)")
+    if name != "nemotron_multimodal":
+        walk.refuse(f"{key}.name" if isinstance(te, dict) else key,
+                    f"{name!r}: this library serves NeMo-RL's nemotron_multimodal encoder (generic_sft runs the "
+                    "model's HF processor, which this library does not)")
+    if isinstance(te, str):
+        walk.report[key] = "honoured: task_encoder.name nemotron_multimodal"
+    else:
+        walk.use(f"{key}.name", "task_encoder.name nemotron_multimodal")
+    return name
+
+
+def encoder_options(walk: Walk, seq_length: int) -> dict[str, Any]:
+    """The library's ``task_encoder.options`` (beyond seq_length and the parallel sizes) for the
+    config's ``data.energon.task_encoder.options``."""
+    _task_encoder_name(walk)
+    te = walk.get("data.energon.task_encoder")
+    given = (te.get("options") or {}) if isinstance(te, dict) else {}
+    p = "data.energon.task_encoder.options"
+    unknown = [k for k in given if k not in NEMO_RL_OPTION_DEFAULTS]
+    if unknown:
+        walk.refuse(f"{p}.{unknown[0]}", f"not an option of NeMo-RL's nemotron_multimodal encoder (options: "
+                                         f"{', '.join(NEMO_RL_OPTION_DEFAULTS)})")
+
+    def opt(name: str, target: str) -> Any:
+        return walk.use(f"{p}.{name}", target, NEMO_RL_OPTION_DEFAULTS[name])
+
+    for name, identity in _IDENTITY.items():
+        if given.get(name, NEMO_RL_OPTION_DEFAULTS[name]) not in identity:
+            walk.refuse(f"{p}.{name}", f"{given[name]!r}: random video augmentation is not implemented in this "
+                                       "library; set it to null (false for the jitter) to train on the data as it is")
+        opt(name, "no augmentation (checked)")
+    if given.get("video_aug_scale_resolution_only"):
+        opt("video_aug_scale_resolution_only", "a no-op without video_aug_scale_frames_up (checked)")
+    else:
+        opt("video_aug_scale_resolution_only", "false")
+    opt("tiling_augment_prob", "not applied: the tiling augmentation of data_augment datasets is not implemented")
+    opt("video_decode_thread_count", "accepted, not applied: decode threads change speed, never the data")
+    if given.get("packing_sequence_length") not in (None, seq_length):
+        walk.refuse(f"{p}.packing_sequence_length", f"{given['packing_sequence_length']} differs from the sequence "
+                                                    f"length {seq_length}: one budget truncates and packs here")
+    opt("packing_sequence_length", "checked equal to the sequence length")
+    patch = opt("patch_dim", "image.patch_size and video.patch_size")
+    subsampling = opt("audio_subsampling_factor", "audio.subsampling_layers (log2)")
+    audio: dict[str, Any] = {"num_mel_bins": opt("audio_num_mel_bins", "audio.num_mel_bins"),
+                             "clip_seconds": float(opt("audio_clip_duration_seconds", "audio.clip_seconds")),
+                             "min_clip_seconds": float(opt("min_audio_duration_seconds", "audio.min_clip_seconds")),
+                             "max_seconds": float(opt("max_audio_duration_seconds", "audio.max_seconds"))}
+    if subsampling is not None:
+        if subsampling < 1 or subsampling & (subsampling - 1):
+            walk.refuse(f"{p}.audio_subsampling_factor", f"{subsampling} is not a power of two")
+        audio["subsampling_layers"] = subsampling.bit_length() - 1
+    large = opt("allow_large_videos", f"video.max_duration ({NEMO_RL_MAX_VIDEO_SECONDS:g} s unless true)")
+    video = {"patch_size": patch, "temporal_patch": opt("temporal_patch_size", "video.temporal_patch"),
+             "min_frames": opt("video_min_num_frames", "video.min_frames"),
+             "max_frames": opt("video_max_num_frames", "video.max_frames"),
+             "fps": float(opt("video_default_fps", "video.fps")),
+             "max_duration": NO_VIDEO_CAP if large else NEMO_RL_MAX_VIDEO_SECONDS}
+    out: dict[str, Any] = {"prompt_format": opt("prompt_format", "task_encoder.options.prompt_format"),
+                           "image": {"patch_size": patch}, "video": video, "audio": audio,
+                           "thinking_trace_format": opt("thinking_trace_format",
+                                                        "task_encoder.options.thinking_trace_format"),
+                           "relax_thinking_trace_check": opt("relax_thinking_trace_check",
+                                                             "task_encoder.options.relax_thinking_trace_check")}
+    env_patch = walk.get("policy.megatron_cfg.env_vars.NRL_MEDIA_PATCH_DIM", None)
+    if env_patch is not None and str(env_patch) != str(patch):
+        walk.refuse("policy.megatron_cfg.env_vars.NRL_MEDIA_PATCH_DIM", f"{env_patch!r} differs from the "
+                                                                       f"encoder's patch_dim {patch}")
+    return out

@@ -1,0 +1,253 @@
+"""A NeMo-RL SFT v2 master config, as NeMo-RL's users write it, builds the library's loader: both
+shapes, every key honoured or refused by name, interpolations resolved, NeMo-RL's batches and its
+checkpoint envelope, end to end on a generated blend with 0 and 2 workers."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import DEMO_TOKENIZER
+from energon_data import energon, write_shards, prepare
+from energon_nemotron.demo.media import make_image
+from energon_nemotron.errors import ConfigError
+from energon_nemotron.integrations.nemo_rl.config import from_nemo_rl
+from energon_nemotron.integrations.nemo_rl.interpolation import resolve
+from energon_nemotron.integrations.nemo_rl.loader import build_nemo_rl_loader
+from energon_nemotron.integrations.nemo_rl.walk import leaves
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+#: the shape-B config of the docs page ("Coming from NeMo-RL"), as NeMo-RL's sft_v2_tests write it
+SHAPE_B = DOCS / "nemo_rl" / "shape_b.yaml"
+SHAPE_A = DOCS / "nemo_rl" / "shape_a.yaml"
+
+
+def master(path: Path, **paths) -> dict:
+    cfg = yaml.safe_load(path.read_text())
+    for dotted, value in paths.items():
+        node = cfg
+        *head, last = dotted.split("__")
+        for part in head:
+            node = node[part]
+        node[last] = value
+    return cfg
+
+
+# -- data: a blend as NeMo-RL's production configs point at ------------------------------------------
+def conversation(i: int, image: bool) -> dict:
+    user = ["Describe this: ", {"t": "image", "value": f"pics/p{i}.png"}] if image else [f"Question {i}: why?"]
+    return {"conversation": [{"sender": "user", "fragments": user},
+                             {"sender": "assistant", "fragments": [f"Because {i} " + "word " * (i % 7)]}]}
+
+
+@pytest.fixture(scope="module")
+def blend(tmp_path_factory):
+    """``blend.yaml`` (MetadatasetV2, blend_epochized): a JSONL leaf of image conversations whose
+    media come from an aux source named ``media_source``, and a tar leaf of text conversations;
+    both selected by ``cook: conversation`` beside free-form subflavors."""
+    root = tmp_path_factory.mktemp("nemo_rl_blend")
+    (root / "media" / "pics").mkdir(parents=True)
+    for i in range(8):
+        (root / "media" / "pics" / f"p{i}.png").write_bytes(make_image(64 + 16 * (i % 3), 48, seed=i))
+    jsonl = root / "vqa.jsonl"
+    jsonl.write_text("".join(json.dumps(conversation(i, True)) + "\n" for i in range(8)))
+    energon("prepare", str(jsonl))
+    write_shards(root / "text", [(f"t{i:03d}", {"json": json.dumps(conversation(i, False)).encode()})
+                                 for i in range(12)], per_shard=4)
+    prepare(root / "text", {"cook": "conversation"})
+    (root / "blend.yaml").write_text(yaml.safe_dump({
+        "__module__": "megatron.energon", "__class__": "MetadatasetV2",
+        "splits": {"train": {"blend_epochized": [
+            {"path": "vqa.jsonl", "repetitions": 1, "aux": {"media_source": "filesystem://media"},
+             "subflavors": {"cook": "conversation", "name": "vqa", "length": 8, "orig_length": 9,
+                            "category": "image", "data_augment": False}},
+            {"path": "text", "repetitions": 2, "subflavors": {"name": "text", "category": "chat"}}]}}}))
+    return root
+
+
+def shape_b(blend: Path, workers: int = 0, **extra) -> dict:
+    cfg = master(SHAPE_B, data__train__path=str(blend / "blend.yaml"))
+    cfg["data"]["energon"].update({"num_workers": workers, "nvdataset_cache_dir": None, **extra})
+    return cfg
+
+
+# -- the walk: every key has a status ----------------------------------------------------------------
+def test_every_key_of_both_shapes_is_honoured_or_the_trainers(blend):
+    for path in (SHAPE_A, SHAPE_B):
+        raw = master(path, data__train__path=str(blend / "blend.yaml"))
+        raw["data"]["energon"]["nvdataset_cache_dir"] = None
+        made = from_nemo_rl(raw, tokenizer=DEMO_TOKENIZER, dp_size=2)
+        keys = [k for block in ("data", "policy", "sft") for k in leaves(raw[block], block)]
+        assert set(keys) <= set(made.report), sorted(set(keys) - set(made.report))
+        assert all(made.report[k].startswith(("honoured:", "trainer:")) for k in keys)
+        assert made.loader.loader.batch_size == raw["policy"]["train_global_batch_size"] // 2
+    assert from_nemo_rl(master(SHAPE_A), tokenizer=DEMO_TOKENIZER).shape == "A"
+
+
+def test_shape_a_packing_comes_from_the_policy():
+    made = from_nemo_rl(master(SHAPE_A), tokenizer=DEMO_TOKENIZER)
+    p = made.loader.packing
+    assert (p.algorithm, p.buffer_size, p.max_sequences_per_bin, p.pad_multiple) == \
+        ("balanced_greedy_knapsack", 64, 16, 64)
+
+
+def test_shape_b_packing_and_options(blend):
+    made = from_nemo_rl(shape_b(blend), tokenizer=DEMO_TOKENIZER)
+    p, o = made.loader.packing, made.loader.task_encoder.options
+    assert made.shape == "B"
+    assert (p.algorithm, p.buffer_size, p.pad_multiple, p.balanced_knapsack_delta) == \
+        ("balanced_greedy_knapsack", 16, 64, 5)
+    assert o["seq_length"] == 4096 and o["prompt_format"] == "nemotron6-moe"
+    assert o["thinking_trace_format"] == "ultra" and o["video"]["max_frames"] == 64
+    assert [c.name for c in made.loader.data.cookers][:2] == ["nemotron_conversation",
+                                                            "nemotron_general_conversations_jsonl"]
+
+
+# -- refusals name the key and the reason -------------------------------------------------------------
+REFUSED = [
+    ("data__backend", "hf", r"data.backend: 'hf': SFT v2's Energon loader needs energon"),
+    ("data__energon__model_family", "qwen", r"data.energon.model_family: qwen: this library's encoder is Nemotron's"),
+    ("data__add_bos", True, r"data.add_bos: must be false"),
+    ("data__shuffle", False, r"data.shuffle: NeMo-RL's Energon training requires shuffle: true"),
+    ("data__energon__packing_buffer_size", 8, r"packing_buffer_size: set together with task_encoder.packing"),
+    ("data__energon__task_encoder__packing__name", "first_fit_decreasing",
+     r"balanced_knapsack_delta: applies to balanced_greedy_knapsack only"),
+    ("data__energon__task_encoder__packing__options__max_sequence_length", 2048,
+     r"max_sequence_length: 2048 differs from data.max_input_seq_length 4096"),
+    ("policy__train_global_batch_size", 3, r"3 does not divide by the DP size 2"),
+    ("policy__sequence_packing__enabled", False, r"policy.sequence_packing.enabled: must be true"),
+    ("policy__dynamic_batching__enabled", True, r"dynamic_batching.enabled: must be false"),
+    ("data__train__path", "s3://bucket/blend.yaml", r"scheme s3:// is not read here"),
+    ("data__train__path", "dss://corpus@v0/blend.yaml", r"is a dss:// path; .*nvdataset_cache_dir, which is not set"),
+    ("data__energon__task_encoder__name", "generic_sft", r"task_encoder.name: 'generic_sft': this library serves"),
+    ("data__energon__task_encoder__options__video_aug_scale_frames_up", 4,
+     r"video_aug_scale_frames_up: 4: random video augmentation is not implemented"),
+    ("data__energon__task_encoder__options__patch_size", 16, r"options.patch_size: not an option of NeMo-RL's"),
+    ("data__energon__shufle_buffer_size", 10, r"key\(s\) of NeMo-RL's Energon data block this adapter does not "
+                                              r"know: data.energon.shufle_buffer_size"),
+    ("data__train__limit", 3, r"data.train.limit: limit caps a validation pass"),
+    ("policy__megatron_cfg__env_vars", {"NRL_MEDIA_PREPROCESSING_MODE": "raw"}, r"'raw': the nemo_rl_packed output"),
+    ("policy__max_total_sequence_length", 8192, r"policy.max_total_sequence_length: 8192 differs"),
+]
+
+
+@pytest.mark.parametrize("key, value, message", REFUSED, ids=[r[0] + "=" + str(r[1]) for r in REFUSED])
+def test_refusals_name_the_key_and_why(blend, key, value, message):
+    cfg = shape_b(blend)
+    node = cfg
+    *head, last = key.split("__")
+    for part in head:
+        node = node[part]
+    node[last] = value
+    if key == "policy__max_total_sequence_length":          # the config's interpolations follow it
+        cfg["data"]["max_input_seq_length"] = 4096
+        cfg["data"]["energon"]["task_encoder"]["packing"]["options"]["max_sequence_length"] = 4096
+    with pytest.raises(ConfigError, match=message):
+        from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER, dp_size=2)
+
+
+def test_file_backed_components_are_refused(blend):
+    cfg = shape_b(blend)
+    cfg["data"]["energon"]["cookers"][0] = {"python_file": "/x/cook.py", "object_name": "cook"}
+    with pytest.raises(ConfigError, match=r"cookers\[0\].python_file: file-backed cookers are not loaded"):
+        from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER)
+
+
+def test_absent_add_bos_means_true_as_in_nemo_rl(blend):
+    cfg = shape_b(blend)
+    del cfg["data"]["add_bos"]
+    with pytest.raises(ConfigError, match=r"data.add_bos: absent means true in NeMo-RL's Energon loader"):
+        from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER)
+
+
+# -- interpolations and paths -------------------------------------------------------------------------
+def test_interpolations_resolve_like_omegaconf():
+    cfg = {"a": {"n": 4, "m": "${a.n}", "s": "len-${a.n}", "p": "${mul:${a.n},${b.0}}"}, "b": [3], "c": "${a.p}"}
+    assert resolve(cfg) == {"a": {"n": 4, "m": 4, "s": "len-4", "p": 12}, "b": [3], "c": 12}
+    with pytest.raises(ConfigError, match=r"c: \$\{nope.x\} refers to a key the config does not have"):
+        resolve({"c": "${nope.x}"})
+    with pytest.raises(ConfigError, match=r"refers to itself \(b -> a -> b\)"):
+        resolve({"a": "${b}", "b": "${a}"})
+    with pytest.raises(ConfigError, match=r"unknown resolver \$\{oc.env:...\}"):
+        resolve({"a": "${oc.env:HOME}"})
+
+
+def test_dss_paths_map_under_the_cache_dir(blend, tmp_path, monkeypatch):
+    import os
+
+    from megatron.energon.epathlib import epath as energon_epath
+
+    monkeypatch.setattr(energon_epath, "NVDATASET_CACHE_DIR", energon_epath.NVDATASET_CACHE_DIR)
+    monkeypatch.setenv("NVDATASET_CACHE_DIR", os.environ.get("NVDATASET_CACHE_DIR", ""))
+    cfg = shape_b(blend, nvdataset_cache_dir=str(tmp_path))
+    cfg["data"]["train"]["path"] = "dss://corpus@v0/mix/blend.yaml"
+    made = from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER)
+    assert Path(made.loader.data.train.path) == tmp_path / "corpus" / "v0" / "mix" / "blend.yaml"
+    assert os.environ["NVDATASET_CACHE_DIR"] == str(tmp_path)
+
+
+# -- end to end: NeMo-RL's batches and its checkpoint envelope -----------------------------------------
+def take(loader, n: int) -> list[dict]:
+    it, out = iter(loader), []
+    for _ in range(n):
+        out.append(next(it))
+    return out
+
+
+def same(a: dict, b: dict) -> bool:
+    return torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["token_mask"], b["token_mask"]) \
+        and a["source_ids"] == b["source_ids"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_end_to_end_batches_and_exact_resume(blend, workers):
+    cfg = shape_b(blend, workers)
+    first = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
+    batches = take(first, 4)
+    for b in batches:
+        assert b["input_ids"].shape == (1, 4096) and b["token_mask"].shape == (1, 4096)
+        assert b["sample_mask"].tolist() == [1.0] and float(b["token_mask"][:, 0].sum()) == 0.0
+        starts = b["cu_seqlens_padded"][0][:-1].long()
+        assert float(b["token_mask"][0, starts].sum()) == 0.0           # no source's first token is trained
+    state = first.state_dict()
+    assert set(state) == {"backend", "format_version", "fingerprint", "identity", "loader_state"}
+    assert state["loader_state"].dtype == torch.uint8 and json.dumps(state["identity"])
+    after = take(first, 2)
+    again = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
+    again.load_state_dict(state)
+    resumed = take(again, 2)
+    assert all(same(a, b) for a, b in zip(after, resumed))
+
+
+def test_a_changed_identity_is_refused_with_the_keys(blend):
+    state = build_nemo_rl_loader(shape_b(blend), tokenizer=DEMO_TOKENIZER).state_dict()
+    changed = shape_b(blend)
+    changed["data"]["energon"]["task_encoder"]["packing"]["buffer_size"] = 32
+    other = build_nemo_rl_loader(changed, tokenizer=DEMO_TOKENIZER)
+    with pytest.raises(ConfigError, match=r"the loader identity changed: .*loader.packing.buffer_size 16 -> 32"):
+        other.load_state_dict(state)
+    damaged = copy.copy(state)
+    damaged["format_version"] = 2
+    with pytest.raises(ConfigError, match=r"unsupported state format_version 2"):
+        build_nemo_rl_loader(shape_b(blend), tokenizer=DEMO_TOKENIZER).load_state_dict(damaged)
+
+
+def test_elastic_resume_across_a_dp_change(blend):
+    """Two DP ranks save; one rank resumes from both envelopes: together the three passes read the
+    epoch's samples exactly once (NeMo-RL refuses a DP change)."""
+    cfg = shape_b(blend)
+    ranks = [build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER, dp_rank=r, dp_size=2) for r in range(2)]
+    seen = [k for r in ranks for b in take(r, 1) for row in b["source_ids"] for k in row]
+    states = [r.state_dict() for r in ranks]
+    alone = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
+    with pytest.raises(ConfigError, match=r"logical_world_size 2 -> 1"):
+        alone.load_state_dict(states[0])
+    alone = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
+    alone.load_elastic(states)
+    rest = [k for b in take(alone, 2) for row in b["source_ids"] for k in row]
+    assert not set(seen) & set(rest)
