@@ -150,7 +150,10 @@ def _module_origin(obj: object) -> str:
 #: Packing algorithms: ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``
 #: (the protocol and the second budget: ``packing.spec``).
 PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms",
-                                                   "energon_nemotron.packing.refine"])
+                                                   "energon_nemotron.packing.refine",
+                                                   "energon_nemotron.packing.knapsack",
+                                                   "energon_nemotron.packing.concatenative",
+                                                   "energon_nemotron.packing.modified_ffd"])
 #: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
 PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats"])
 #: Cookers: ``name -> cook function`` (``@stateless``; ``cookers/``), plus those of other

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from energon_nemotron.packing import balanced_greedy_knapsack, best_fit_decreasing, fill_ratio, first_fit_decreasing, first_fit_shuffle
 from energon_nemotron.registry import PACKERS
 
-ALL_PACKERS = ["balanced_greedy_knapsack", "best_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle",
-               "minimum_bin_slack"]
+ALL_PACKERS = ["balanced_greedy_knapsack", "best_fit_decreasing", "concatenative", "first_fit_decreasing",
+               "first_fit_shuffle", "greedy_knapsack", "minimum_bin_slack", "modified_first_fit_decreasing"]
 
 
 def textbook(lengths, capacity, best, k=None, order=None):

@@ -239,7 +239,9 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             budget = {"secondary": [s.media_patches for s in samples],
                       "secondary_capacity": self.packing.max_media_patches_per_pack}
         costs, L, most = [s.cost for s in samples], self.options.seq_length, self.packing.max_sequences_per_bin
-        bins = self.packer(costs, L, max_sequences_per_bin=most, seed=seed, **budget)
+        delta = self.packing.balanced_knapsack_delta          # the config allows it for balanced_greedy_knapsack only
+        extra = {} if delta is None else {"balanced_knapsack_delta": delta}
+        bins = self.packer(costs, L, max_sequences_per_bin=most, seed=seed, **budget, **extra)
         if sorted(i for b in bins for i in b) != list(range(len(samples))):
             raise RuntimeError(f"packer {self.packing.algorithm!r} did not place every sample exactly once")
         # a buffer larger than a worker's share of a repeating dataset holds repeated reads: never two in a pack

@@ -15,9 +15,10 @@ arguments (a fixed seed gives a fixed result).
 - ``best_fit_decreasing``: decreasing length (stable), each item into the bin with the least room
   that still fits it (ties: lowest-numbered).
 - ``first_fit_shuffle``: first fit in the order of ``random.Random(seed).shuffle`` of the indices.
-- ``balanced_greedy_knapsack``: decreasing length (stable) into ``ceil(Σ min(len, capacity) /
-  capacity)`` bins opened up front, each item into the least-filled bin (ties: lowest-numbered)
-  if it fits there, else into a new bin.
+
+The other registered packers follow the same protocol: ``packing.knapsack`` (``greedy_knapsack``,
+``balanced_greedy_knapsack``), ``packing.concatenative``, ``packing.modified_ffd`` and
+``packing.refine`` (``minimum_bin_slack``).
 
 Without ``max_sequences_per_bin`` (or with a limit that cannot bind: ``k >= min(N, capacity)``)
 the two decreasing fits run on groups of equal lengths instead of single items: an open bin that
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left, insort
-from heapq import heappop, heappush, heapreplace
 from typing import Sequence
 
 import numpy as np
@@ -295,51 +295,6 @@ def first_fit_shuffle(lengths: Sequence[int] | np.ndarray, capacity: int, *,
     order = list(range(sizes.size))
     random.Random(seed).shuffle(order)
     return _first_fit_items(sizes.tolist(), order, capacity, max_sequences_per_bin)
-
-
-@register_packer("balanced_greedy_knapsack")
-def balanced_greedy_knapsack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
-                             max_sequences_per_bin: int | None = None, seed: int = 0) -> list[list[int]]:
-    """Balanced greedy knapsack: spread the items over the fewest bins that could hold them.
-
-    ``ceil(Σ min(len, capacity) / capacity)`` bins are opened up front. Items go in decreasing
-    length (stable); each oversized item takes one of those bins alone (they come first, so the
-    first ones), every other item goes into the least-filled bin that can still receive items
-    (fewer than ``max_sequences_per_bin`` items; ties: lowest-numbered) if it fits there, else
-    into a new bin (which then takes part like the others). Bins left empty are dropped.
-
-    Args:
-        lengths: int [N] item lengths (>= 1); a sequence or a numpy array.
-        capacity: room of every bin (>= 1).
-        max_sequences_per_bin: at most this many items per bin (>= 1); None: no limit.
-        seed: ignored (deterministic packer; accepted for the common packer signature).
-
-    Returns:
-        Bins as :func:`first_fit_decreasing` describes them (up-front bins first, by number).
-    """
-    k = max_sequences_per_bin
-    sizes, order, _, n_over, _ = _prepare(lengths, capacity, k)
-    n_start = -(-int(np.minimum(sizes, capacity).sum()) // capacity)
-    order_list = order.tolist()
-    bins: list[list[int]] = [[i] for i in order_list[:n_over]] + [[] for _ in range(n_start - n_over)]
-    heap = [(0, b) for b in range(n_over, n_start)]     # (fill, bin) of the bins that may receive
-    sz = sizes.tolist()
-    for i in order_list[n_over:]:
-        s = sz[i]
-        if heap and heap[0][0] + s <= capacity:
-            fill, b = heap[0]
-            bins[b].append(i)
-            fill += s
-            if fill < capacity and (k is None or len(bins[b]) < k):
-                heapreplace(heap, (fill, b))
-            else:
-                heappop(heap)
-        else:
-            b = len(bins)
-            bins.append([i])
-            if s < capacity and (k is None or k > 1):
-                heappush(heap, (s, b))
-    return [b for b in bins if b]
 
 
 def fill_ratio(lengths: Sequence[int] | np.ndarray, bins: list[list[int]], capacity: int) -> float:

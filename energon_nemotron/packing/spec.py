@@ -5,7 +5,9 @@ A packer is ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> li
 budget per bin (e.g. vision patches, ``packing.max_media_patches_per_pack``) takes ``secondary``
 (one size per item) and ``secondary_capacity`` too (:class:`TwoBudgetPacker`) and says so when it
 is registered: ``register_packer(name, second_budget=True)``. Nothing inspects a packer's
-signature; a packer registered without this function has one budget.
+signature; a packer registered without this function has one budget. A packer may take further
+keyword-only options of its own, given only when configured (``balanced_greedy_knapsack``:
+``balanced_knapsack_delta``, from ``packing.balanced_knapsack_delta``).
 """
 
 from __future__ import annotations
