@@ -4,12 +4,10 @@ checkpoint envelope, end to end on a generated blend with 0 and 2 workers."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from conftest import DEMO_TOKENIZER
@@ -18,7 +16,6 @@ from energon_nemotron.demo.media import make_image
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.integrations.nemo_rl.config import from_nemo_rl
 from energon_nemotron.integrations.nemo_rl.interpolation import resolve
-from energon_nemotron.integrations.nemo_rl.loader import build_nemo_rl_loader
 from energon_nemotron.integrations.nemo_rl.walk import leaves
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -71,7 +68,11 @@ def blend(tmp_path_factory):
 
 
 def shape_b(blend: Path, workers: int = 0, **extra) -> dict:
+    """The docs' shape-B config over ``blend``; without the cache pool (Energon's pool makes a folder
+    in the system's temporary folder per loader and leaves it: ``test_cooker_rules`` covers it)."""
     cfg = master(SHAPE_B, data__train__path=str(blend / "blend.yaml"))
+    for key in ("cache_pool_max_gbytes", "cache_pool_num_workers"):
+        cfg["data"]["energon"].pop(key)
     cfg["data"]["energon"].update({"num_workers": workers, "nvdataset_cache_dir": None, **extra})
     return cfg
 
@@ -189,65 +190,3 @@ def test_dss_paths_map_under_the_cache_dir(blend, tmp_path, monkeypatch):
     made = from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER)
     assert Path(made.loader.data.train.path) == tmp_path / "corpus" / "v0" / "mix" / "blend.yaml"
     assert os.environ["NVDATASET_CACHE_DIR"] == str(tmp_path)
-
-
-# -- end to end: NeMo-RL's batches and its checkpoint envelope -----------------------------------------
-def take(loader, n: int) -> list[dict]:
-    it, out = iter(loader), []
-    for _ in range(n):
-        out.append(next(it))
-    return out
-
-
-def same(a: dict, b: dict) -> bool:
-    return torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["token_mask"], b["token_mask"]) \
-        and a["source_ids"] == b["source_ids"]
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_end_to_end_batches_and_exact_resume(blend, workers):
-    cfg = shape_b(blend, workers)
-    first = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
-    batches = take(first, 4)
-    for b in batches:
-        assert b["input_ids"].shape == (1, 4096) and b["token_mask"].shape == (1, 4096)
-        assert b["sample_mask"].tolist() == [1.0] and float(b["token_mask"][:, 0].sum()) == 0.0
-        starts = b["cu_seqlens_padded"][0][:-1].long()
-        assert float(b["token_mask"][0, starts].sum()) == 0.0           # no source's first token is trained
-    state = first.state_dict()
-    assert set(state) == {"backend", "format_version", "fingerprint", "identity", "loader_state"}
-    assert state["loader_state"].dtype == torch.uint8 and json.dumps(state["identity"])
-    after = take(first, 2)
-    again = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
-    again.load_state_dict(state)
-    resumed = take(again, 2)
-    assert all(same(a, b) for a, b in zip(after, resumed))
-
-
-def test_a_changed_identity_is_refused_with_the_keys(blend):
-    state = build_nemo_rl_loader(shape_b(blend), tokenizer=DEMO_TOKENIZER).state_dict()
-    changed = shape_b(blend)
-    changed["data"]["energon"]["task_encoder"]["packing"]["buffer_size"] = 32
-    other = build_nemo_rl_loader(changed, tokenizer=DEMO_TOKENIZER)
-    with pytest.raises(ConfigError, match=r"the loader identity changed: .*loader.packing.buffer_size 16 -> 32"):
-        other.load_state_dict(state)
-    damaged = copy.copy(state)
-    damaged["format_version"] = 2
-    with pytest.raises(ConfigError, match=r"unsupported state format_version 2"):
-        build_nemo_rl_loader(shape_b(blend), tokenizer=DEMO_TOKENIZER).load_state_dict(damaged)
-
-
-def test_elastic_resume_across_a_dp_change(blend):
-    """Two DP ranks save; one rank resumes from both envelopes: together the three passes read the
-    epoch's samples exactly once (NeMo-RL refuses a DP change)."""
-    cfg = shape_b(blend)
-    ranks = [build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER, dp_rank=r, dp_size=2) for r in range(2)]
-    seen = [k for r in ranks for b in take(r, 1) for row in b["source_ids"] for k in row]
-    states = [r.state_dict() for r in ranks]
-    alone = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
-    with pytest.raises(ConfigError, match=r"logical_world_size 2 -> 1"):
-        alone.load_state_dict(states[0])
-    alone = build_nemo_rl_loader(cfg, tokenizer=DEMO_TOKENIZER)
-    alone.load_elastic(states)
-    rest = [k for b in take(alone, 2) for row in b["source_ids"] for k in row]
-    assert not set(seen) & set(rest)

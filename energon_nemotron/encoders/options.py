@@ -37,12 +37,12 @@ class NemotronMultimodalOptions(StrictModel):
     fields of ``media.image.ImageOptions``, ``media.video.VideoOptions``, ``media.audio.AudioOptions``."""
 
     prompt_format: str = "tokenizer"
+    seq_length: int = Field(ge=2)
     #: how ``nemotron6-moe`` / ``nemotron-h-5p5-reasoning`` rewrite assistant thinking traces
     #: (NeMo-RL's option; ``default`` = ``normalized``); None: the format's own default
     thinking_trace_format: Optional[Literal["default", "normalized", "ultra"]] = None
     #: those formats take assistant texts as they are (NeMo-RL's ``relax_thinking_trace_check``)
     relax_thinking_trace_check: bool = False
-    seq_length: int = Field(ge=2)
     train_only_on_last_assistant_turn: bool = False
     over_length: Literal["error", "skip", "truncate"] = "error"
     image: dict[str, Any] = Field(default_factory=dict)
