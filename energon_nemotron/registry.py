@@ -155,7 +155,8 @@ PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algo
                                                    "energon_nemotron.packing.concatenative",
                                                    "energon_nemotron.packing.modified_ffd"])
 #: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
-PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats"])
+PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats",
+                                                     "energon_nemotron.tokenization.nemo_rl_formats"])
 #: Cookers: ``name -> cook function`` (``@stateless``; ``cookers/``), plus those of other
 #: distributions' ``energon_nemotron.cookers`` entry points (registered via ``cookers.base.register``).
 COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.conversations",

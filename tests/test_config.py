@@ -58,7 +58,8 @@ def test_task_encoder_validates_its_own_options(tmp_path):
     with pytest.raises(ConfigError, match=r"task_encoder\.options: \(top level\): unknown key\(s\) 'seq_len'; "
                                           r"valid keys: prompt_format, seq_length"):
         build_task_encoder(base(task_encoder={"name": "nemotron_multimodal", "options": {"seq_len": 5}}))
-    with pytest.raises(ConfigError, match=r"unknown prompt_format 'chatml'; known: nemotron-h, nemotron6, tokenizer"):
+    with pytest.raises(ConfigError, match=r"unknown prompt_format 'chatml'; known: nemotron-h, nemotron-h-5p5-reasoning, "
+                                          r"nemotron6, nemotron6-moe, tokenizer"):
         build_task_encoder(base(task_encoder={"options": {"seq_length": 64, "prompt_format": "chatml"}}))
     with pytest.raises(ConfigError, match=r"task_encoder\.name: unknown task encoder 'generic'; known: nemotron_multimodal"):
         build_task_encoder(base(task_encoder={"name": "generic", "options": {}}))

@@ -194,7 +194,8 @@ def test_no_trainable_tokens_and_media_and_unknown_format():
 
     with pytest.raises(DataError, match=r"^s4: the rendered conversation references 1 media items, but the sample has 0"):
         t.encode([[Message("user", ["look", MediaPart("image", 0)]), Message("assistant", ["ok"])]], "s4")
-    with pytest.raises(ConfigError, match=r"unknown prompt format 'chatml'; known: nemotron-h, nemotron6, tokenizer"):
+    with pytest.raises(ConfigError, match=r"unknown prompt format 'chatml'; known: nemotron-h, nemotron-h-5p5-reasoning, nemotron6, "
+                                          r"nemotron6-moe, tokenizer"):
         ConversationTokenizer(DEMO_TOKENIZER, "chatml")
 
 
