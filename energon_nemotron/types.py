@@ -96,7 +96,8 @@ class Conversation(Sample):
     several (offline-packed rows); they stay separate sources inside a pack. ``preformatted``:
     message texts are already rendered with the chat template (``subflavors.skip_chat_template``).
     ``tools``: the function definitions offered to the model (OpenAI ``tools``), rendered by the
-    prompt format (every segment of the row gets them).
+    prompt format (every segment of the row gets them). ``last_only`` / ``tool_boundary``: per-sample
+    rendering flags the prompt format reads (see the fields).
     """
 
     messages: list[Message]
@@ -104,6 +105,11 @@ class Conversation(Sample):
     segments: list[int] = field(default_factory=lambda: [0])
     preformatted: bool = False
     tools: list[dict] = field(default_factory=list)
+    #: ``train_only_on_last_assistant_turn`` left to the prompt format (the NeMo-RL-named cookers set
+    #: it instead of train flags: NeMo-RL's formats have their own last-turn rule)
+    last_only: bool = False
+    #: the subflavor ``tool_response_as_turn_boundary`` (read by the ``nemotron6-moe`` format only)
+    tool_boundary: bool = False
 
     def segment_messages(self) -> list[list[Message]]:
         """The messages of each segment."""

@@ -50,7 +50,7 @@ def source(tmp_path_factory):
     keys += crude(root / "gen", "general_conversations", 4, {"category": "chat"}, seed=2)
     meta = blend(root / "blend.yaml", [
         {"path": "conv", "repetitions": 1, "subflavors": {"name": "c", "length": 6, "orig_length": 9, "category": "x"}},
-        {"path": "oai", "repetitions": 1, "subflavors": {"name": "o", "data_augment": False}},
+        {"path": "oai", "repetitions": 1, "subflavors": {"name": "o", "data_augment": False, "quality": "high"}},
         {"path": "gen", "repetitions": 1}])
     return root, meta, keys
 
@@ -112,7 +112,20 @@ def test_cooker_list_selects_by_arbitrary_subflavors(source):
 
 def test_bookkeeping_keys_pass_and_other_keys_follow_the_setting(source):
     _, meta, _ = source
-    with pytest.raises(ConfigError, match=r"unknown subflavor 'data_augment' .*or set data.other_subflavors: allow"):
+    with pytest.raises(ConfigError, match=r"unknown subflavor 'quality' .*or set data.other_subflavors: allow"):
+        build_train_loader(config(meta, cookers=RULES), repeat=False)
+
+
+def test_data_augment_is_read_and_true_is_refused_by_name(tmp_path, source):
+    """``data_augment`` is a key every cooker reads (bool); true asks for NeMo-RL's random tiling
+    augmentation, which is refused at start with the reason, never silently ignored."""
+    root, _, _ = source
+    meta = blend(tmp_path / "augment.yaml", [{"path": str(root / "oai"), "repetitions": 1,
+                                              "subflavors": {"cook": "openai_messages_jsonl", "data_augment": True}}])
+    with pytest.raises(ConfigError, match=r"subflavor data_augment: True .*tiling augmentation .* not implemented"):
+        build_train_loader(config(meta, cookers=RULES), repeat=False)
+    meta.write_text(meta.read_text().replace("data_augment: true", "data_augment: 'yes'"))
+    with pytest.raises(ConfigError, match=r"subflavor 'data_augment' .* must be true or false, got 'yes'"):
         build_train_loader(config(meta, cookers=RULES), repeat=False)
 
 

@@ -85,8 +85,14 @@ def apply_last_turn_only(messages: list[Message]) -> None:
 
 #: Subflavor keys that every cooker reads: name -> type. Keys of the form ``__name__`` are Energon's
 #: own (e.g. ``__subflavor__``) and always allowed.
-#: ``media_source`` names the aux source holding a dataset's media (``cookers.media_sources``).
-COMMON_SUBFLAVORS: dict[str, type] = {"cooker": str, "skip_chat_template": bool, "media_source": str}
+#: ``media_source`` names the aux source holding a dataset's media, ``aux_data_prefixes`` maps path
+#: prefixes to aux sources (``cookers.media_sources``).
+COMMON_SUBFLAVORS: dict[str, type] = {"cooker": str, "skip_chat_template": bool, "media_source": str,
+                                      "aux_data_prefixes": dict, "data_augment": bool}
+#: subflavor values that are refused at start although of the right type: key -> (value, why)
+REFUSED_SUBFLAVOR_VALUES: dict[str, tuple] = {
+    "data_augment": (True, "NeMo-RL's random tiling augmentation (its tiling_augment_prob) is not implemented here: "
+                           "media plans are deterministic; set data_augment: false or drop the key")}
 #: The subflavor keys each registered cooker reads (``COMMON_SUBFLAVORS`` included), by cooker name;
 #: filled by :func:`register`. The loader rejects any other key, and values of another type, at start.
 COOKER_SUBFLAVORS: dict[str, dict[str, type]] = {}

@@ -40,7 +40,7 @@ ROLE_ALIASES = {
 }
 MEDIA_TAG_RE = re.compile(r"<(image|video|audio)>")
 #: subflavor keys these cookers read beyond ``cooker`` and ``skip_chat_template``
-CONVERSATION_SUBFLAVORS = {"train_only_on_last_assistant_turn": bool}
+CONVERSATION_SUBFLAVORS = {"train_only_on_last_assistant_turn": bool, "tool_response_as_turn_boundary": bool}
 
 
 def role_of(value, where: str, i: int) -> str:
@@ -69,15 +69,19 @@ def _tagged_parts(text: str, queue: MediaQueue) -> list:
 def make_conversation(sample: dict, messages: list[Message], segments: list[int], where: str,
                       media: list | None = None, tools: list | None = None) -> Conversation:
     """The cooked sample: each segment checked (``check_messages``) and, with the subflavor
-    ``train_only_on_last_assistant_turn``, trained on its last assistant turn only."""
+    ``train_only_on_last_assistant_turn``, trained on its last assistant turn only; with
+    ``tool_response_as_turn_boundary`` too (NeMo-RL's ``nemotron6-moe`` rule), last-turn-only training
+    is left to the prompt format, which reads both."""
     bounds = segments + [len(messages)]
+    last_only = subflavor_flag(sample, "train_only_on_last_assistant_turn", where)
+    boundary = subflavor_flag(sample, "tool_response_as_turn_boundary", where)
     for a, b in zip(bounds, bounds[1:]):
         check_messages(messages[a:b], where)
-        if subflavor_flag(sample, "train_only_on_last_assistant_turn", where):
+        if last_only and not boundary:
             apply_last_turn_only(messages[a:b])
     return Conversation(**basic_sample_keys(sample), messages=messages, media=list(media or []),
                         segments=segments, preformatted=subflavor_flag(sample, "skip_chat_template", where),
-                        tools=list(tools or []))
+                        tools=list(tools or []), last_only=last_only and boundary, tool_boundary=boundary)
 
 
 @register("nemotron_conversation", CONVERSATION_SUBFLAVORS)
@@ -113,6 +117,9 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
             else:
                 raise DataError(where, f"turn {i} fragment {j} must be a string or {{'t': 'text'|'image'|'video'|"
                                        f"'audio', 'value': ...}}, got {frag!r:.80}")
+        if "loss" in turn:
+            raise DataError(where, f"turn {i} has an explicit 'loss' field, which this cooker does not read (NeMo-RL "
+                                   "refuses it too); per-turn loss: nemotron_general_conversations_jsonl_explicit_loss_v1")
         messages.append(Message(role, merge_text(parts)))
     check_members_used(sample, members_used, where)
     return make_conversation(sample, messages, [0], where, media)

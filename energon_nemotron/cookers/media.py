@@ -89,7 +89,7 @@ def path_media(sample: dict, value: Any, modality: str, where: str) -> MediaRef:
         raise DataError(where, f"{modality} path must be a non-empty string, got {value!r}")
     check_path_length(value, modality, where)
     scope = current_scope()
-    source = bound_source(scope.aux, sample.get("__subflavors__"), where)
+    source, value = bound_source(scope.aux, sample.get("__subflavors__"), where, value)
     if source is not None:
         return aux_media(sample, value, modality, where, source, scope)
     return local_media(sample, value, modality, where, scope.roots, list(scope.aux))

@@ -10,8 +10,10 @@ roots and no aux sources: paths resolve inside the dataset folder only.
 
 Binding (which aux source holds a dataset's media), per dataset reference of a metadataset:
 ``subflavors.media_source: NAME`` selects the aux source ``NAME``; else the aux source named
-``media``; else the dataset's only aux source; else none (paths resolve in the dataset folder and
-the media roots). A path is looked up in the bound source as named; when it is not there, by its
+``media_source`` (NeMo-RL's convention: ``aux: {media_source: ...}``); else, for a path that starts
+with a prefix of ``subflavors.aux_data_prefixes`` (``{prefix: aux name}``, NeMo-RL's), that aux
+source, the prefix stripped; else the aux source named ``media``; else the dataset's only aux
+source; else none (paths resolve in the dataset folder and the media roots). A path is looked up in the bound source as named; when it is not there, by its
 file name (basename): exactly one entry of that name is used (counted as ``basename_fallback``),
 several are a ``missing_media`` error naming them. The bytes are read lazily through the source's
 ``FileStore`` (:class:`AuxMedia`): when phase 1 needs a header and when phase 2 decodes.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -34,8 +37,11 @@ from energon_nemotron.types import MediaRef
 
 #: the subflavor that names the aux source holding a dataset's media
 MEDIA_SOURCE_SUBFLAVOR = "media_source"
-#: the aux source used when ``media_source`` is not set (and the dataset has several)
-DEFAULT_SOURCE = "media"
+#: the aux sources used when the subflavor ``media_source`` is not set, in order: NeMo-RL's name
+#: (before ``aux_data_prefixes``), then this library's (after them)
+NEMO_RL_SOURCE, DEFAULT_SOURCE = "media_source", "media"
+#: the subflavor mapping path prefixes to aux sources (NeMo-RL's ``aux_data_prefixes``)
+PREFIXES_SUBFLAVOR = "aux_data_prefixes"
 #: keys Energon itself adds to a cooker's keyword arguments (never media sources)
 ENERGON_KEYS = ("primary", "cache")
 #: columns of the media lookup counter (``NemotronMultimodalTaskEncoder.media_lookups``)
@@ -81,9 +87,12 @@ def aux_sources(aux: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in aux.items() if k not in ENERGON_KEYS}
 
 
-def bound_source(aux: Mapping[str, Any], subflavors: Optional[Mapping], dataset: str = "the dataset") -> Optional[str]:
-    """The name of the aux source that holds the dataset's media (see the module docstring), or
-    None. A ``media_source`` that names no aux source is a ``ConfigError``."""
+def bound_source(aux: Mapping[str, Any], subflavors: Optional[Mapping], dataset: str = "the dataset",
+                 path: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+    """(name of the aux source that holds the media at ``path``, the path to look up there), or
+    (None, path); see the module docstring. Without ``path`` the prefixes are not consulted. A
+    ``media_source`` that names no aux source is a ``ConfigError``; a matching prefix whose aux source
+    the dataset lacks is a ``DataError`` (``missing_media``) naming both."""
     names = [k for k in aux if k not in ENERGON_KEYS]
     chosen = (subflavors or {}).get(MEDIA_SOURCE_SUBFLAVOR)
     if chosen is not None:
@@ -91,10 +100,36 @@ def bound_source(aux: Mapping[str, Any], subflavors: Optional[Mapping], dataset:
             raise ConfigError(f"{dataset}: subflavor {MEDIA_SOURCE_SUBFLAVOR}: {chosen!r} names no aux source of the "
                               f"dataset (its aux sources: {', '.join(names) or 'none'}); set it to a key of the "
                               "dataset reference's aux: mapping in the metadataset")
-        return chosen
+        return chosen, path
+    if NEMO_RL_SOURCE in names:
+        return NEMO_RL_SOURCE, path
+    if path is not None:
+        clean = re.sub(r"^(\./)+", "", path).replace("/./", "/")
+        for prefix, name in ((subflavors or {}).get(PREFIXES_SUBFLAVOR) or {}).items():
+            if clean.startswith(prefix):
+                if name not in names:
+                    raise DataError(dataset, f"media path {path!r}: subflavor {PREFIXES_SUBFLAVOR} maps its prefix "
+                                             f"{prefix!r} to {name!r}, which is not an aux source of the dataset (its "
+                                             f"aux sources: {', '.join(names) or 'none'})", "missing_media")
+                return name, clean[len(prefix):]
     if DEFAULT_SOURCE in names:
-        return DEFAULT_SOURCE
-    return names[0] if len(names) == 1 else None
+        return DEFAULT_SOURCE, path
+    return (names[0] if len(names) == 1 else None), path
+
+
+def check_binding(aux: Mapping[str, Any], subflavors: Optional[Mapping], dataset: str) -> None:
+    """At start: ``media_source`` and every aux source named by ``aux_data_prefixes`` must be aux
+    sources of the dataset (``ConfigError`` naming the dataset, the key and its aux sources)."""
+    bound_source(aux, subflavors, dataset)
+    names = [k for k in aux if k not in ENERGON_KEYS]
+    prefixes = (subflavors or {}).get(PREFIXES_SUBFLAVOR) or {}
+    if not isinstance(prefixes, Mapping):
+        raise ConfigError(f"{dataset}: subflavor {PREFIXES_SUBFLAVOR} must map path prefixes to aux source names, "
+                          f"got {prefixes!r}")
+    for prefix, name in prefixes.items():
+        if not isinstance(prefix, str) or name not in names:
+            raise ConfigError(f"{dataset}: subflavor {PREFIXES_SUBFLAVOR}: {prefix!r}: {name!r} names no aux source of "
+                              f"the dataset (its aux sources: {', '.join(names) or 'none'})")
 
 
 def within(path: Path, folders: Sequence[Path]) -> bool:

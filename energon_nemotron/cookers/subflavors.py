@@ -14,7 +14,7 @@ import difflib
 from typing import Any, Optional
 
 from energon_nemotron.config import type_check
-from energon_nemotron.cookers.base import COOKER_SUBFLAVORS, subflavor_keys
+from energon_nemotron.cookers.base import COOKER_SUBFLAVORS, REFUSED_SUBFLAVOR_VALUES, subflavor_keys
 from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.guards.energon_files import META
 from energon_nemotron.registry import COOKERS
@@ -73,6 +73,9 @@ def subflavor_problems(leaf: Any, selection: CookerSelection, other: str = "erro
             if not ok(value):
                 out.append(f"{file}: subflavor {key!r} (dataset {leaf.path}) must be {expected}, got {value!r} "
                            f"({type(value).__name__})" + ("; write it unquoted" if keys[key] is bool else ""))
+            elif key in REFUSED_SUBFLAVOR_VALUES and value == REFUSED_SUBFLAVOR_VALUES[key][0]:
+                out.append(f"{file}: subflavor {key}: {value!r} (dataset {leaf.path}): "
+                           f"{REFUSED_SUBFLAVOR_VALUES[key][1]}")
             continue
         if key in free:
             continue

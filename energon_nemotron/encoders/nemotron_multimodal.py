@@ -27,7 +27,7 @@ from energon_nemotron._energon import DatasetHook, set_default_failure_tolerance
 from energon_nemotron.batch import PackedBatch
 from energon_nemotron.config import PackingConfig
 from energon_nemotron.cookers import build_cookers
-from energon_nemotron.cookers.media_sources import bound_source, media_scope
+from energon_nemotron.cookers.media_sources import check_binding, media_scope
 from energon_nemotron.encoders.buffered import BufferTokenizer
 from energon_nemotron.encoders.modalities import check_datasets, check_modalities, check_sample
 from energon_nemotron.encoders.one_pass import OnePassEnd, guard_source
@@ -130,8 +130,8 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         return super().build_val_datasets(worker_config=worker_config, **kwargs)
 
     def dataset_loading(self, loaded: Any) -> None:
-        if loaded.aux:                  # a media_source naming no aux source: an error at start
-            bound_source(loaded.aux, loaded.dataset.subflavors, str(getattr(loaded.dataset, "path", "a dataset")))
+        # a media_source or aux_data_prefixes entry naming no aux source: an error at start
+        check_binding(loaded.aux or {}, loaded.dataset.subflavors, str(getattr(loaded.dataset, "path", "a dataset")))
 
     def dataset_loaded(self, loaded: Any, built: Any, worker_config: Any) -> Any:
         """In a validation pass each dataset is guarded (its datasets are concatenated, and the
@@ -181,8 +181,8 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         if self.output is not None:
             self.output.check_media(key, {p.modality for p in planned}, self.options)
         prepared = self.text.prepare(sample.segment_messages(), key, preformatted=sample.preformatted,
-                                     last_only=self.options.train_only_on_last_assistant_turn, media=planned,
-                                     tools=sample.tools)
+                                     last_only=self.options.train_only_on_last_assistant_turn or sample.last_only,
+                                     media=planned, tools=sample.tools, tool_boundary=sample.tool_boundary)
         patches = sum(p.plan.num_patches for p in planned if p.modality != "audio")
         return EncodedSample.derive_from(sample, sources=[], cost=0, media_plans=planned, media=list(sample.media),
                                          media_patches=patches, pending=Pending(prepared, sample))

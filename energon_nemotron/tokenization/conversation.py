@@ -143,18 +143,21 @@ class ConversationTokenizer:
                              f"{self.prompt_format!r}); media must be referenced as media items", "reserved_tag")
 
     def render(self, messages: list[Message], key: str, preformatted: bool = False,
-               last_only: bool = False, tools: Sequence[dict] = ()) -> Rendered:
+               last_only: bool = False, tools: Sequence[dict] = (), tool_boundary: bool = False) -> Rendered:
         """Text (with markers) and trained spans of one conversation (``last_only``: only the last
-        trained turn). Tool calls and tool definitions need a prompt format: preformatted text with
-        them is an error."""
+        trained turn, as the prompt format defines it; ``tool_boundary``: the subflavor
+        ``tool_response_as_turn_boundary``, passed on only when set). Tool calls and tool definitions
+        need a prompt format: preformatted text with them is an error."""
         self.check_text(messages, key, tools)
-        return self.format.render_sample(messages, key, preformatted, last_only, tools)
+        extra = {"tool_boundary": True} if tool_boundary else {}
+        return self.format.render_sample(messages, key, preformatted, last_only, tools, **extra)
 
     def prepare(self, segments: list[list[Message]], key: str, preformatted: bool = False,
-                last_only: bool = False, media: Sequence[Any] = (), tools: Sequence[dict] = ()) -> Prepared:
+                last_only: bool = False, media: Sequence[Any] = (), tools: Sequence[dict] = (),
+                tool_boundary: bool = False) -> Prepared:
         """Everything before the tokenizer call (see :meth:`encode`): each segment rendered and split
         at its media markers, the marker count checked against ``media``."""
-        rendered = [self.render(m, key, preformatted, last_only, tools) for m in segments]
+        rendered = [self.render(m, key, preformatted, last_only, tools, tool_boundary) for m in segments]
         pieces = [r.text.split(MEDIA_MARKER) for r in rendered]
         markers = sum(len(p) - 1 for p in pieces)
         if markers != len(media):

@@ -119,10 +119,15 @@ class PromptFormat:
         raise NotImplementedError
 
     def render_sample(self, messages: list[Message], key: str, preformatted: bool = False,
-                      last_only: bool = False, tools: Sequence[dict] = ()) -> Rendered:
+                      last_only: bool = False, tools: Sequence[dict] = (), tool_boundary: bool = False) -> Rendered:
         """One conversation as the encoder hands it over: rendered by :meth:`render`, or
         concatenated when ``preformatted`` (``subflavors.skip_chat_template``; tool calls and tool
-        definitions are then an error); ``last_only``: only the last trained span is kept."""
+        definitions are then an error); ``last_only``: only the last trained span is kept;
+        ``tool_boundary`` (the subflavor ``tool_response_as_turn_boundary``) is NeMo-RL's
+        ``nemotron6-moe`` rule, an error here."""
+        if tool_boundary:
+            raise DataError(key, f"subflavor tool_response_as_turn_boundary is read by the nemotron6-moe prompt format "
+                                 f"only, not by {self.name!r}")
         if preformatted:
             if tools or any(m.tool_calls for m in messages):
                 raise DataError(key, "has tool calls or tool definitions, but skip_chat_template is set: preformatted "

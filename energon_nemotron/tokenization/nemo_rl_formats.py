@@ -80,7 +80,13 @@ class NemoRLFormat(PromptFormat):
         return self.render_sample(messages, key, tools=tools)
 
     def render_sample(self, messages: list[Message], key: str, preformatted: bool = False,
-                      last_only: bool = False, tools: Sequence[dict] = ()) -> Rendered:
+                      last_only: bool = False, tools: Sequence[dict] = (), tool_boundary: bool = False) -> Rendered:
+        """As ``PromptFormat.render_sample``; ``tool_boundary``: the sample's subflavor
+        ``tool_response_as_turn_boundary`` (or the format option of that name)."""
+        boundary = self.tool_boundary or tool_boundary
+        if boundary and "tool_response_as_turn_boundary" not in self.options:
+            raise DataError(key, f"subflavor tool_response_as_turn_boundary is read by nemotron6-moe only, not by "
+                                 f"{self.name!r}")
         if tools:
             raise DataError(key, f"has tool definitions: NeMo-RL's {self.name} renders none (its encoder passes no "
                                  "tools to the template)")
@@ -90,18 +96,19 @@ class NemoRLFormat(PromptFormat):
                 raise DataError(key, f"message {i} ({m.role}) is marked trained: {self.name} trains assistant "
                                      "turns only")
         explicit = any(m.train is not None for m in messages if m.role == "assistant")
-        if explicit and (last_only or preformatted or self.tool_boundary or self.name != "nemotron6-moe"):
+        if explicit and (last_only or preformatted or boundary or self.name != "nemotron6-moe"):
             raise DataError(key, f"per-turn train flags (explicit assistant loss) go with {self.name} only "
                                  "without train_only_on_last_assistant_turn, skip_chat_template and "
                                  "tool_response_as_turn_boundary, and in nemotron6-moe only")
-        if self.tool_boundary and (preformatted or not last_only):
+        if boundary and (preformatted or not last_only):
             raise DataError(key, "tool_response_as_turn_boundary needs train_only_on_last_assistant_turn and "
                                  "a templated sample (not skip_chat_template)")
         if preformatted:
             return self._preformatted(messages, key, last_only)
-        return self._templated(messages, key, last_only)
+        return self._templated(messages, key, last_only, boundary)
 
-    def _templated(self, messages: list[Message], key: str, last_only: bool) -> Rendered:  # pragma: no cover
+    def _templated(self, messages: list[Message], key: str, last_only: bool,
+                   boundary: bool = False) -> Rendered:  # pragma: no cover
         raise NotImplementedError
 
     def texts(self, messages: Sequence[Message], key: str) -> list[str]:
@@ -169,7 +176,7 @@ class Nemotron6MoeFormat(NemoRLFormat):
                                   f"to {got!r} in {getattr(tokenizer, 'name_or_path', '') or 'this tokenizer'}, "
                                   f"NeMo-RL requires {want!r}")
 
-    def _templated(self, messages: list[Message], key: str, last_only: bool) -> Rendered:
+    def _templated(self, messages: list[Message], key: str, last_only: bool, boundary: bool = False) -> Rendered:
         texts = self.texts(messages, key)
         out = _Pieces()
         head = 1 if messages and messages[0].role == "system" else 0
@@ -194,12 +201,12 @@ class Nemotron6MoeFormat(NemoRLFormat):
                 out.add("<|im_end|>\n" if i + 1 == len(messages) or messages[i + 1].role != "tool" else "")
             else:
                 out.add(f"<|im_start|>{m.role}\n{c}<|im_end|>\n")
-        trained = self._trained(messages, texts, head, sorted(turns), key) if last_only else \
+        trained = self._trained(messages, texts, head, sorted(turns), key, boundary) if last_only else \
             [i for i in sorted(turns) if messages[i].train is not False]
         return Rendered(out.result().text, [turns[i] for i in trained])
 
     def _trained(self, messages: list[Message], texts: list[str], head: int, assistants: list[int],
-                 key: str) -> list[int]:
+                 key: str, boundary: bool) -> list[int]:
         """The assistant turns last-turn-only training keeps (NeMo-RL's rule, see the class)."""
         users = [(i, messages[i].role == "tool" or texts[i].startswith("<tool_response>"), messages[i].role == "tool")
                  for i in range(head, len(messages))
@@ -207,7 +214,7 @@ class Nemotron6MoeFormat(NemoRLFormat):
                                                    and messages[i - 1].role != "tool")]
         native = [m.role == "tool" for k, m in enumerate(messages)
                   if m.role == "user" or (m.role == "tool" and (k == 0 or messages[k - 1].role != "tool"))]
-        use_native = self.tool_boundary and any(native)
+        use_native = boundary and any(native)
         if use_native and len(native) != len(users):
             raise DataError(key, "tool results that do not render as user turns (tool_response_as_turn_boundary)")
         thinking = any(has_reasoning(texts[i]) for i in assistants)
@@ -239,7 +246,7 @@ class NemotronH5p5Format(NemoRLFormat):
         super().__init__(tokenizer, **options)
         self.layout = NemotronHFormat(tokenizer)
 
-    def _templated(self, messages: list[Message], key: str, last_only: bool) -> Rendered:
+    def _templated(self, messages: list[Message], key: str, last_only: bool, boundary: bool = False) -> Rendered:
         if last_only:
             raise DataError(key, "train_only_on_last_assistant_turn: NeMo-RL supports it for nemotron6-moe only")
         if any(m.role == "tool" or m.tool_calls for m in messages):
