@@ -161,7 +161,11 @@ PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokeniza
 #: distributions' ``energon_nemotron.cookers`` entry points (registered via ``cookers.base.register``).
 COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.conversations",
                                                    "energon_nemotron.cookers.openai_messages",
-                                                   "energon_nemotron.cookers.asr"],
+                                                   "energon_nemotron.cookers.asr",
+                                                   "energon_nemotron.cookers.nemotron_general",
+                                                   "energon_nemotron.cookers.nano_messages",
+                                                   "energon_nemotron.cookers.generic_conversation",
+                                                   "energon_nemotron.cookers.legacy_conversations"],
                                        entry_points="energon_nemotron.cookers")
 #: Task encoders: ``name -> class`` with an ``Options`` pydantic model (``encoders/``).
 TASK_ENCODERS: Registry = Registry("task encoder", ["energon_nemotron.encoders.nemotron_multimodal"])

@@ -26,8 +26,15 @@ def roles_texts(conv):
 
 
 def test_registered_names_and_stateless():
-    assert COOKERS.names() == ["general_conversations", "granary_asr", "nemotron_conversation",
-                               "openai_messages", "openai_messages_offline_packed"]
+    assert COOKERS.names() == ["general_conversations", "generic_conversation", "granary_asr",
+                               "nemotron_audio_conversation_jsonl", "nemotron_conversation",
+                               "nemotron_general_conversations_jsonl",
+                               "nemotron_general_conversations_jsonl_explicit_loss_v1",
+                               "nemotron_general_conversations_webdataset", "nemotron_granary_english_jsonl",
+                               "nemotron_granary_english_webdataset", "nemotron_nano_openai_messages_jsonl",
+                               "nemotron_nano_openai_messages_offline_packed_jsonl",
+                               "nemotron_omcat_legacy_conversation_monolithic", "openai_messages",
+                               "openai_messages_offline_packed"]
     for name in COOKERS.names():
         assert getattr(COOKERS.get(name), "__stateless__", False), name
 

@@ -33,7 +33,8 @@ def test_dataset_yaml_selects_its_cooker(tmp_path, dataset_yaml):
     from energon_nemotron.demo.datasets import asr_dataset
 
     cooker = dataset_yaml.stem
-    ds, keys = asr_dataset(tmp_path / "ds", 6) if cooker == "granary_asr" else text_dataset(tmp_path / "ds", cooker, n=8)
+    asr = cooker in ("granary_asr", "nemotron_granary_english_webdataset", "nemotron_granary_english_jsonl")
+    ds, keys = asr_dataset(tmp_path / "ds", 6, cooker=cooker) if asr else text_dataset(tmp_path / "ds", cooker, n=8)
     shutil.copy(dataset_yaml, ds / ".nv-meta" / "dataset.yaml")      # the example, verbatim
     raw = yaml.safe_load((CONFIGS / "loader_text.yaml").read_text())
     raw["data"]["train"]["path"] = str(ds)
@@ -41,7 +42,7 @@ def test_dataset_yaml_selects_its_cooker(tmp_path, dataset_yaml):
     cfg = load_config(raw, base=CONFIGS)
     assert cfg.tokenizer.resolve() == DEMO_TOKENIZER.resolve()
     got = [k for b in build_train_loader(cfg, repeat=False) for row in b.sample_keys for k in row]
-    if cooker == "openai_messages_offline_packed":
+    if cooker in ("openai_messages_offline_packed", "nemotron_nano_openai_messages_offline_packed_jsonl"):
         keys = [f"{k}#{i}" for k in keys for i in range(2)]
     assert sorted(got) == sorted(keys)
 

@@ -119,7 +119,7 @@ def _part(sample: dict, part: Any, where: str, what: str) -> Optional[tuple[str,
     raise DataError(where, f"{what} has type {kind!r}; known part types: {', '.join(PART_TYPES)}")
 
 
-def _tool_calls(value: Any, where: str, what: str) -> list[ToolCall]:
+def tool_calls_of(value: Any, where: str, what: str) -> list[ToolCall]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -159,7 +159,7 @@ def _weight(m: dict, role: str, where: str, what: str) -> Optional[bool]:
     return bool(w)
 
 
-def _tools(obj: dict, where: str) -> list[dict]:
+def tools_of(obj: dict, where: str) -> list[dict]:
     tools = obj.get("tools")
     if tools is None:
         return []
@@ -203,7 +203,7 @@ def openai_conversation(sample: dict, where: str) -> tuple[list[Message], list[M
         reasoning = m.get("reasoning_content", m.get("reasoning"))
         if reasoning is not None:
             reasoning = text_of(reasoning, where, f"{what} reasoning")
-        calls = _tool_calls(m.get("tool_calls"), where, what)
+        calls = tool_calls_of(m.get("tool_calls"), where, what)
         if calls and role != "assistant":
             raise DataError(where, f"{what} ({role}) has tool_calls; only assistant messages call tools")
         call_id = m.get("tool_call_id")
@@ -212,7 +212,7 @@ def openai_conversation(sample: dict, where: str) -> tuple[list[Message], list[M
         messages.append(Message(role, merge_text(parts), reasoning=reasoning, train=_weight(m, role, where, what),
                                 tool_calls=calls, tool_call_id=call_id))
     check_members_used(sample, members, where)
-    return messages, media, _tools(obj, where)
+    return messages, media, tools_of(obj, where)
 
 
 @register("openai_messages", CONVERSATION_SUBFLAVORS, schema=SCHEMA)

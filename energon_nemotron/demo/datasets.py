@@ -49,14 +49,21 @@ def prepare(folder: Path, subflavors: Optional[dict] = None) -> Path:
 
 def to_schema(cooker: str, conversations: list[list[dict]]) -> dict:
     """The JSON payload of ``cooker`` for one or more OpenAI-style conversations."""
-    if cooker == "openai_messages_offline_packed":
+    if cooker in ("openai_messages_offline_packed", "nemotron_nano_openai_messages_offline_packed_jsonl"):
         return {"messages": [m for c in conversations for m in c]}
     conv = conversations[0]
-    if cooker == "openai_messages":
+    if cooker in ("openai_messages", "generic_conversation", "nemotron_nano_openai_messages_jsonl"):
         return {"messages": conv}
-    if cooker == "general_conversations":
-        names = {"system": "system", "user": "human", "assistant": "gpt"}
+    names = {"system": "system", "user": "human", "assistant": "gpt"}
+    if cooker in ("general_conversations", "nemotron_general_conversations_webdataset",
+                  "nemotron_general_conversations_jsonl"):
         return {"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in conv]}
+    if cooker == "nemotron_general_conversations_jsonl_explicit_loss_v1":
+        return {"conversations": [{"from": names[m["role"]], "value": m["content"],
+                                   **({"loss": True} if m["role"] == "assistant" else {})} for m in conv]}
+    if cooker in ("nemotron_audio_conversation_jsonl", "nemotron_omcat_legacy_conversation_monolithic"):
+        return {"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in conv
+                                  if m["role"] != "system"]}          # these schemas have no system turn
     if cooker == "nemotron_conversation":
         return {"conversation": [{"sender": m["role"], "fragments": [m["content"]]} for m in conv]}
     raise ValueError(cooker)
@@ -118,9 +125,12 @@ def multimodal_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) 
     return prepare(folder, {"cooker": "general_conversations"}), keys
 
 
-def asr_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) -> tuple[Path, list[str]]:
+def asr_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8,
+                cooker: str = "granary_asr") -> tuple[Path, list[str]]:
     """A prepared crude dataset for the ``granary_asr`` cooker: one FLAC member and a ``.json``
-    member with the transcript per sample; returns (folder, keys)."""
+    member with the transcript per sample; returns (folder, keys). For NeMo-RL's
+    ``nemotron_granary_english_webdataset`` the JSON also names the member (``audio_filepath``); for
+    ``nemotron_granary_english_jsonl`` the clips are files under ``clips/`` named by it."""
     import random
 
     from energon_nemotron.demo.conversations import WORDS
@@ -132,7 +142,15 @@ def asr_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) -> tupl
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))).capitalize() + "."
         key = f"{folder.name}-{i:05d}"
         keys.append(key)
-        samples.append((key, {"json": json.dumps({"text": text}).encode(),
-                              "flac": make_audio(1.0 + (i % 5) * 0.4, 16000, 1, seed=seed + i, container="flac")}))
+        audio = make_audio(1.0 + (i % 5) * 0.4, 16000, 1, seed=seed + i, container="flac")
+        if cooker == "nemotron_granary_english_jsonl":
+            (folder / "clips").mkdir(parents=True, exist_ok=True)
+            (folder / "clips" / f"{key}.flac").write_bytes(audio)
+            members = {"json": json.dumps({"audio_filepath": f"clips/{key}.flac", "text": text}).encode()}
+        elif cooker == "nemotron_granary_english_webdataset":
+            members = {"json": json.dumps({"audio_filepath": f"{key}.flac", "text": text}).encode(), "flac": audio}
+        else:
+            members = {"json": json.dumps({"text": text}).encode(), "flac": audio}
+        samples.append((key, members))
     write_shards(folder, samples, per_shard)
-    return prepare(folder, {"cooker": "granary_asr"}), keys
+    return prepare(folder, {"cooker": cooker}), keys
