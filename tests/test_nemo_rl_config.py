@@ -45,8 +45,10 @@ def conversation(i: int, image: bool) -> dict:
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory):
     """``blend.yaml`` (MetadatasetV2, blend_epochized): a JSONL leaf of image conversations whose
-    media come from an aux source named ``media_source``, and a tar leaf of text conversations;
-    both selected by ``cook: conversation`` beside free-form subflavors."""
+    media come from an aux source named ``media_source`` (NeMo-RL's fragments schema, ``cook:
+    conversation``), a tar leaf of its general-conversations schema with image members (``cook:
+    general_conversations_webdataset``) and a tar leaf of text conversations (``cook:
+    conversation``), beside free-form subflavors."""
     root = tmp_path_factory.mktemp("nemo_rl_blend")
     (root / "media" / "pics").mkdir(parents=True)
     for i in range(8):
@@ -54,6 +56,10 @@ def blend(tmp_path_factory):
     jsonl = root / "vqa.jsonl"
     jsonl.write_text("".join(json.dumps(conversation(i, True)) + "\n" for i in range(8)))
     energon("prepare", str(jsonl))
+    write_shards(root / "general", [(f"g{i:03d}", {"json": json.dumps({"conversations": [     # NeMo-RL's schema
+        {"from": "human", "value": f"<image>\nWhat is in picture {i}?"}, {"from": "gpt", "value": f"Shape {i}."}],
+        "image": f"g{i:03d}.png"}).encode(), "png": make_image(48, 64, seed=20 + i)}) for i in range(6)], per_shard=3)
+    prepare(root / "general", {"cook": "general_conversations_webdataset"})
     write_shards(root / "text", [(f"t{i:03d}", {"json": json.dumps(conversation(i, False)).encode()})
                                  for i in range(12)], per_shard=4)
     prepare(root / "text", {"cook": "conversation"})
@@ -63,6 +69,7 @@ def blend(tmp_path_factory):
             {"path": "vqa.jsonl", "repetitions": 1, "aux": {"media_source": "filesystem://media"},
              "subflavors": {"cook": "conversation", "name": "vqa", "length": 8, "orig_length": 9,
                             "category": "image", "data_augment": False}},
+            {"path": "general", "repetitions": 1, "subflavors": {"name": "general", "category": "image"}},
             {"path": "text", "repetitions": 2, "subflavors": {"name": "text", "category": "chat"}}]}}}))
     return root
 

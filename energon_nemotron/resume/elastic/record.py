@@ -16,8 +16,9 @@ from energon_nemotron._energon import (SELECTORS, batch_worker, inner_datasets, 
 from energon_nemotron.errors import ConfigError
 
 VERSION = 1
-#: the loader settings a merged state may be restored under with other values
-LAYOUT = ("dp_rank", "dp_size", "num_workers")
+#: the loader settings a merged state may be restored under with other values (``batch_size``: a
+#: fixed global batch over another DP size is another per-rank batch; it groups packs, picks none)
+LAYOUT = ("dp_rank", "dp_size", "num_workers", "batch_size")
 DAMAGED_HINT = "the state was saved by an older version, or damaged: resume it on the shape that saved it"
 
 
