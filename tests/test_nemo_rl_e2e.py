@@ -18,7 +18,7 @@ from energon_nemotron.integrations.nemo_rl import to_nemo_rl_packed
 from energon_nemotron.integrations.nemo_rl.config import from_nemo_rl
 from energon_nemotron.loading import build_train_loader
 from test_nemo_rl_batches import assert_prepacked_accepts, assert_same_loss
-from test_nemo_rl_config import blend, shape_b  # noqa: F401  (the fixture and the config)
+from test_nemo_rl_config import SHAPE_A, blend, master, shape_b  # noqa: F401  (the fixture and the configs)
 
 #: the test tokenizer with the ids NeMo-RL's nemotron6-moe checks (tests/fixtures/nemo_rl/README.md)
 FIXTURE_TOKENIZER = Path(__file__).parent / "fixtures" / "nemo_rl" / "tokenizer" / "nemotron6"
@@ -49,6 +49,29 @@ def same(a: dict, b: dict) -> bool:
         and a["source_ids"] == b["source_ids"]
 
 
+def assert_the_librarys_loss(cfg: dict, tokenizer: Path, batches: list[dict]) -> None:
+    """The same config's library batches: NeMo-RL's loss over ``batches`` equals the library's, pack
+    by pack, on the same trained tokens; every leaf of the blend, with its media, is in them."""
+    library = build_train_loader(from_nemo_rl(cfg, tokenizer=tokenizer).loader)
+    kinds, leaves = set(), set()
+    for n, (ours, theirs) in enumerate(zip(library, batches)):
+        assert same(to_nemo_rl_packed(ours), theirs)
+        assert_same_loss(ours, theirs, vocab=ours.tokens.max().item() + 1, seed=n)
+        assert_prepacked_accepts(theirs)
+        kinds |= {s.kind for row in ours.media_spans for s in row}
+        leaves |= {k.rstrip("0123456789") or "vqa" for row in ours.sample_keys for k in row}
+    assert "image" in kinds and leaves == {"vqa", "g", "t"}      # every leaf, its cooker, its media
+
+
+def test_shape_a_end_to_end(blend, tokenizer):
+    """The docs' shape-A config (packing from policy.sequence_packing) yields NeMo-RL's batches."""
+    cfg = master(SHAPE_A, data__train__path=str(blend / "blend.yaml"))
+    cfg["data"]["energon"]["num_workers"] = 0
+    batches = take(build_nemo_rl_loader(cfg, tokenizer=tokenizer), 3)
+    assert all(b["input_ids"].shape == (2, 4096) for b in batches)
+    assert_the_librarys_loss(cfg, tokenizer, batches)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_end_to_end_batches_and_exact_resume(blend, tokenizer, workers):
     cfg = shape_b(blend, workers)
@@ -60,16 +83,7 @@ def test_end_to_end_batches_and_exact_resume(blend, tokenizer, workers):
         for row in range(2):           # no source's first token is trained
             starts = b["cu_seqlens_padded"][row][:-1].long()
             assert float(b["token_mask"][row, starts].sum()) == 0.0
-    # the same config's library batches: NeMo-RL's loss over them equals the library's, pack by pack
-    library = build_train_loader(from_nemo_rl(cfg, tokenizer=tokenizer).loader)
-    kinds, leaves = set(), set()
-    for n, (ours, theirs) in enumerate(zip(library, batches)):
-        assert same(to_nemo_rl_packed(ours), theirs)
-        assert_same_loss(ours, theirs, vocab=ours.tokens.max().item() + 1, seed=n)
-        assert_prepacked_accepts(theirs)
-        kinds |= {s.kind for row in ours.media_spans for s in row}
-        leaves |= {k.rstrip("0123456789") or "vqa" for row in ours.sample_keys for k in row}
-    assert "image" in kinds and leaves == {"vqa", "g", "t"}      # every leaf, its cooker, its media
+    assert_the_librarys_loss(cfg, tokenizer, batches)
     state = first.state_dict()
     assert set(state) == {"backend", "format_version", "fingerprint", "identity", "loader_state"}
     assert state["loader_state"].dtype == torch.uint8 and json.dumps(state["identity"])
