@@ -342,19 +342,24 @@ def check_dataclass_values(cls: type, values: dict, where: str) -> None:
             raise ConfigError(f"{where}.{name}: must be >= {low}, got {value}")
 
 
+def read_yaml_file(path: Path, what: str) -> Any:
+    """The YAML document in ``path``; a missing file or invalid YAML is a ``ConfigError`` (``what``
+    names the file's kind: ``"loader config"``)."""
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+
+
 def load_config(source: Union[str, Path, dict], base: Optional[Path] = None) -> LoaderConfig:
     """Parse a loader config from a YAML file (or a dict); errors are ``ConfigError``s."""
     if isinstance(source, dict):
         data, origin, base = source, "config", base or Path.cwd()
     else:
         path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"loader config {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        origin, base = str(path), path.parent
+        data, origin, base = read_yaml_file(path, "loader config"), str(path), path.parent
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: a loader config must be a mapping")
     try:

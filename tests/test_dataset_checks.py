@@ -146,8 +146,9 @@ def test_metadataset_naming_a_missing_dataset(prepared, tmp_path):
 
 SUBFLAVOR_CASES = [
     ({"train_only_on_last_asistant_turn": True},
-     r"unknown subflavor 'train_only_on_last_asistant_turn' .*valid keys: cooker, media_source, skip_chat_template, "
-     r"train_only_on_last_assistant_turn; did you mean 'train_only_on_last_assistant_turn'\?"),
+     r"unknown subflavor 'train_only_on_last_asistant_turn' .*valid keys: aux_data_prefixes, cooker, data_augment, "
+     r"media_source, skip_chat_template, tool_response_as_turn_boundary, train_only_on_last_assistant_turn; did you "
+     r"mean 'train_only_on_last_assistant_turn'\?"),
     ({"skip_chat_template": "true"}, r"subflavor 'skip_chat_template' .*must be true or false, got 'true' \(str\)"),
     ({"cooker": "openai_message"}, r"subflavor cooker: 'openai_message' .*no registered cooker.*did you mean "
                                    r"'openai_messages'\?"),
@@ -192,7 +193,7 @@ def test_declared_subflavor_keys_per_cooker():
     from energon_nemotron.registry import COOKERS
 
     assert subflavor_keys("granary_asr") == {"cooker": str, "skip_chat_template": bool, "media_source": str,
-                                             "asr_prompt": str}
+                                             "aux_data_prefixes": dict, "data_augment": bool, "asr_prompt": str}
     assert all(subflavor_keys(c)["train_only_on_last_assistant_turn"] is bool for c in COOKERS.names()
                if c != "granary_asr")
     asr = Leaf(Path("/data/asr"), "webdataset", "train", {"cooker": "granary_asr", "asr_prompt": "Say it."})

@@ -197,3 +197,18 @@ def test_dss_paths_map_under_the_cache_dir(blend, tmp_path, monkeypatch):
     made = from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER)
     assert Path(made.loader.data.train.path) == tmp_path / "corpus" / "v0" / "mix" / "blend.yaml"
     assert os.environ["NVDATASET_CACHE_DIR"] == str(tmp_path)
+
+
+def test_the_packed_batch_loader_points_to_the_nemo_rl_loader(blend):
+    """``output: nemo_rl_packed`` is NeMo-RL's own batch: the Nemotron Omni preset serves it, and the
+    library's ``PackedBatch`` loader refuses it naming where NeMo-RL's batches come from."""
+    from energon_data import text_config
+    from energon_nemotron.loading import build_task_encoder, build_train_loader
+
+    cfg = text_config(blend / "text", workers=0)
+    cfg["data"]["default_cooker"] = "nemotron_conversation"
+    cfg["task_encoder"]["options"].update(preset="nemotron_omni", output="nemo_rl_packed")
+    assert build_task_encoder(cfg).options.output == "nemo_rl_packed"
+    with pytest.raises(ConfigError, match=r"output 'nemo_rl_packed' makes the encoder yield NeMo-RL's packed "
+                                          r"batch dicts.*NeMo-RL: energon_nemotron\.integrations\.nemo_rl\.build_nemo_rl_loader"):
+        build_train_loader(cfg, repeat=False)

@@ -416,3 +416,25 @@ def test_ray_engine_gives_the_same_numbers(corpus, single, capsys):
         assert ray.is_initialized()                 # a session the command did not start stays up
     finally:
         ray.shutdown()
+
+
+def test_pack_fill_packs_as_the_encoder_does_with_the_delta():
+    """``stats`` hands the packer what the encoder hands it (``packing.spec.packer_options``):
+    balanced_greedy_knapsack's extra bins (``balanced_knapsack_delta``) count in its pack total."""
+    from energon_nemotron.config import PackingConfig
+    from energon_nemotron.packing.spec import packer_options
+    from energon_nemotron.registry import PACKERS
+    from energon_nemotron.stats.aggregate import pack_fill
+    from energon_nemotron.stats.records import SampleRecord
+
+    costs = [30, 50, 20, 70, 10, 40, 60, 25]
+    records = [SampleRecord(i, f"k{i}", length=c, tokens=c, cost=c) for i, c in enumerate(costs)]
+    for delta in (None, 0, 5):
+        packing = PackingConfig(algorithm="balanced_greedy_knapsack", buffer_size=8, balanced_knapsack_delta=delta)
+        want = PACKERS.get("balanced_greedy_knapsack")(costs, 100, seed=zlib.crc32("\0".join(
+            r.key for r in records).encode()) ^ 3, **packer_options(packing, [0] * 8))
+        got = pack_fill(records, 100, packing, seed=3)
+        assert got["packs"] == len(want) and got["balanced_knapsack_delta"] == delta
+    assert pack_fill(records, 100, PackingConfig(algorithm="balanced_greedy_knapsack", buffer_size=8,
+                                                 balanced_knapsack_delta=5), 3)["packs"] > \
+        pack_fill(records, 100, PackingConfig(algorithm="balanced_greedy_knapsack", buffer_size=8), 3)["packs"]

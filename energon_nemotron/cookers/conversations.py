@@ -84,7 +84,7 @@ def make_conversation(sample: dict, messages: list[Message], segments: list[int]
                         tools=list(tools or []), last_only=last_only and boundary, tool_boundary=boundary)
 
 
-@register("nemotron_conversation", CONVERSATION_SUBFLAVORS)
+@register("nemotron_conversation", {**CONVERSATION_SUBFLAVORS, "cook": str})   # NeMo-RL's blends select it by cook
 @stateless
 def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
     """``{"conversation": [{"sender", "fragments": [str | {"t", "value", "metadata"}]}]}``."""

@@ -40,7 +40,7 @@ from energon_nemotron.guards.policy import ErrorPolicy, SampleErrorHandler
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import assemble_row, batch_rows, row_media
 from energon_nemotron.packing.distinct import BufferOverDataWarning, buffer_over_data, separate_repeats, source_id
-from energon_nemotron.packing.spec import has_second_budget, second_budget_packers
+from energon_nemotron.packing.spec import has_second_budget, packer_options, second_budget_packers
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
 from energon_nemotron.tokenization.conversation import ConversationTokenizer
 from energon_nemotron.tokenization.loading import TextEncoder
@@ -234,17 +234,13 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             return []
         # a seed derived from the buffer's keys: deterministic, and the same after a restore
         seed = zlib.crc32("\0".join(s.__key__ for s in samples).encode()) ^ self.seed
-        budget = {}
-        if self.packing.max_media_patches_per_pack:
-            budget = {"secondary": [s.media_patches for s in samples],
-                      "secondary_capacity": self.packing.max_media_patches_per_pack}
+        options = packer_options(self.packing, [s.media_patches for s in samples])
         costs, L, most = [s.cost for s in samples], self.options.seq_length, self.packing.max_sequences_per_bin
-        delta = self.packing.balanced_knapsack_delta          # the config allows it for balanced_greedy_knapsack only
-        extra = {} if delta is None else {"balanced_knapsack_delta": delta}
-        bins = self.packer(costs, L, max_sequences_per_bin=most, seed=seed, **budget, **extra)
+        bins = self.packer(costs, L, seed=seed, **options)
         if sorted(i for b in bins for i in b) != list(range(len(samples))):
             raise RuntimeError(f"packer {self.packing.algorithm!r} did not place every sample exactly once")
         # a buffer larger than a worker's share of a repeating dataset holds repeated reads: never two in a pack
+        budget = {k: options[k] for k in ("secondary", "secondary_capacity") if k in options}
         bins = separate_repeats(bins, [source_id(s) for s in samples], costs, L, most, **budget)
         return [[samples[i] for i in b] for b in bins]
 

@@ -57,7 +57,7 @@ MODEL_PRESETS.register("nemotron_omni", ModelPreset(
     model="Nemotron 3 Omni (transformers NemotronH_Omni_Reasoning_V3; Bridge NemotronOmni, temporal_patch_dim 1)",
     image={"mode": "dynamic", **VISION_PATCHES},
     video={"maintain_aspect_ratio": True, "temporal_patch": 2, **VISION_PATCHES},
-    temporal_patch_dim=1, outputs=("packed_batch", "nemotron_omni_step")))
+    temporal_patch_dim=1, outputs=("packed_batch", "nemotron_omni_step", "nemo_rl_packed")))
 
 MODEL_PRESETS.register("nemotron_omni_temporal", ModelPreset(
     model="Nemotron 3 Omni with Bridge's temporal video embedder (temporal_patch_dim 2)",

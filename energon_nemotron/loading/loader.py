@@ -109,9 +109,13 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     runtime = Runtime(counters, failure_tolerance=0 if cfg.loader.on_error == "skip" else None)
     encoder = build_task_encoder(cfg, runtime=runtime)
     if encoder.options.output != PACKED_BATCH:
-        raise ConfigError(f"task_encoder.options.output {encoder.options.output!r} makes the encoder yield "
-                          "Megatron-Bridge step dicts, for Bridge's own Energon data module; this loader yields "
-                          "PackedBatch (convert with energon_nemotron.integrations.megatron_bridge)")
+        what = "NeMo-RL's packed batch dicts" if encoder.options.output == "nemo_rl_packed" else \
+            "Megatron-Bridge step dicts"
+        raise ConfigError(f"task_encoder.options.output {encoder.options.output!r} makes the encoder yield {what}, "
+                          "for that consumer's own Energon data path; this loader yields "
+                          "PackedBatch: leave output packed_batch and convert (Megatron-Bridge: "
+                          "energon_nemotron.integrations.megatron_bridge; NeMo-RL: "
+                          "energon_nemotron.integrations.nemo_rl.build_nemo_rl_loader, or its to_nemo_rl_packed)")
     common = dict(worker_config=_worker_config(cfg, counters.skipped), batch_size=cfg.loader.batch_size,
                   task_encoder=encoder, packing_buffer_size=cfg.packing.buffer_size if cfg.packing else None)
     try:

@@ -12,7 +12,7 @@ keyword-only options of its own, given only when configured (``balanced_greedy_k
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -55,3 +55,16 @@ def has_second_budget(packer: Callable) -> bool:
 def second_budget_packers() -> list[str]:
     """The registered packers with a second budget."""
     return [n for n in PACKERS.names() if has_second_budget(PACKERS.get(n))]
+
+
+def packer_options(packing: Any, patches: Sequence[int]) -> dict:
+    """The keyword arguments a packer gets from the ``packing`` config (a ``PackingConfig``) for
+    one buffer whose items hold ``patches`` media patches (int [N]): the count limit, the second
+    budget when ``max_media_patches_per_pack`` is set, ``balanced_knapsack_delta`` when set (the
+    config allows it for ``balanced_greedy_knapsack`` only). The encoder and ``stats`` pack alike."""
+    out: dict = {"max_sequences_per_bin": packing.max_sequences_per_bin}
+    if packing.max_media_patches_per_pack:
+        out.update(secondary=list(patches), secondary_capacity=packing.max_media_patches_per_pack)
+    if packing.balanced_knapsack_delta is not None:
+        out["balanced_knapsack_delta"] = packing.balanced_knapsack_delta
+    return out

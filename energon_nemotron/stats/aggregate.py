@@ -109,21 +109,19 @@ def pack_fill(records: Sequence[SampleRecord], seq_length: int, packing: Any, se
         return {"algorithm": None, "note": "no packing configured: one sample per row", "samples": len(rows),
                 "packs": len(rows), "tokens": tokens,
                 "fill_ratio": _round(tokens / (len(rows) * seq_length)) if rows else 0.0}
+    from energon_nemotron.packing.spec import packer_options
     from energon_nemotron.registry import PACKERS
 
     packer = PACKERS.get(packing.algorithm)
     packs = 0
     for start in range(0, len(rows), packing.buffer_size):
         buffer = rows[start:start + packing.buffer_size]
-        budget = {}
-        if packing.max_media_patches_per_pack:
-            budget = {"secondary": [r.patches for r in buffer],
-                      "secondary_capacity": packing.max_media_patches_per_pack}
         buffer_seed = zlib.crc32("\0".join(r.key for r in buffer).encode()) ^ seed
-        packs += len(packer([r.cost for r in buffer], seq_length, max_sequences_per_bin=packing.max_sequences_per_bin,
-                            seed=buffer_seed, **budget))
+        packs += len(packer([r.cost for r in buffer], seq_length, seed=buffer_seed,
+                            **packer_options(packing, [r.patches for r in buffer])))
     return {"algorithm": packing.algorithm, "buffer_size": packing.buffer_size, "pad_multiple": packing.pad_multiple,
             "max_sequences_per_bin": packing.max_sequences_per_bin,
+            "balanced_knapsack_delta": packing.balanced_knapsack_delta,
             "max_media_patches_per_pack": packing.max_media_patches_per_pack, "samples": len(rows), "packs": packs,
             "tokens": tokens, "fill_ratio": _round(tokens / (packs * seq_length)) if packs else 0.0,
             "samples_per_pack": _round(len(rows) / packs) if packs else 0.0}

@@ -76,8 +76,9 @@ def _packing_line(p: dict) -> str:
         return (f"  {'packing':<11} {p['note']}: {p['samples']} rows, fill {percent(p['fill_ratio'])}")
     limits = f", max {p['max_sequences_per_bin']} per pack" if p.get("max_sequences_per_bin") else ""
     patches = f", max {p['max_media_patches_per_pack']} patches" if p.get("max_media_patches_per_pack") else ""
+    delta = f", delta {p['balanced_knapsack_delta']}" if p.get("balanced_knapsack_delta") is not None else ""
     return (f"  {'packing':<11} {p['algorithm']} (buffer {p['buffer_size']}, pad_multiple {p['pad_multiple']}"
-            f"{limits}{patches}): {p['samples']} samples in {p['packs']} packs, fill {percent(p['fill_ratio'])}, "
+            f"{limits}{patches}{delta}): {p['samples']} samples in {p['packs']} packs, fill {percent(p['fill_ratio'])}, "
             f"{p['samples_per_pack']:.2f} samples/pack")
 
 

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import yaml
 
 from energon_nemotron._energon import set_nvdataset_cache_dir
-from energon_nemotron.config import LoaderConfig, load_config
+from energon_nemotron.config import LoaderConfig, load_config, read_yaml_file
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.integrations.nemo_rl.interpolation import resolve
 from energon_nemotron.integrations.nemo_rl.options import encoder_options
@@ -59,12 +58,7 @@ def read_master(source: Union[str, Path, dict]) -> tuple[dict, str, Path]:
     if isinstance(source, dict):
         return source, "nemo-rl config", Path.cwd()
     path = Path(source)
-    if not path.is_file():
-        raise ConfigError(f"NeMo-RL config {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    data = read_yaml_file(path, "NeMo-RL config")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a NeMo-RL config is a mapping")
     if "defaults" in data:
@@ -231,12 +225,8 @@ def _cookers(walk: Walk) -> list[dict]:
         at = f"{key}[{i}]"
         if not isinstance(rule, dict):
             walk.refuse(at, f"expected {{name, options, has_subflavors}}, got {rule!r}")
-        for k in rule:
-            if k in ("python_file", "object_name", "object"):
-                walk.refuse(f"{at}.{k}", "file-backed cookers are not loaded: nothing is imported from a path in "
-                                         "YAML; register the cooker under the energon_nemotron.cookers entry point")
-            if k not in ("name", "options", "has_subflavors"):
-                walk.refuse(f"{at}.{k}", "not a key of a cooker entry (name, options, has_subflavors)")
+        walk.entry_keys(at, rule, ("name", "options", "has_subflavors"), "cooker",
+                        "register the cooker under the energon_nemotron.cookers entry point")
         out.append({"name": rule.get("name", "generic_conversation"), "options": rule.get("options") or {},
                     "has_subflavors": rule.get("has_subflavors")})
         walk.report[at] = f"honoured: data.cookers[{i}] ({out[-1]['name']})"

@@ -41,12 +41,8 @@ def _task_encoder_name(walk: Walk) -> str:
     te = walk.get(key, {"name": "generic_sft"})
     name = te if isinstance(te, str) else te.get("name", "generic_sft") if isinstance(te, dict) else None
     if isinstance(te, dict):
-        for k in te:
-            if k in ("python_file", "object_name", "object"):
-                walk.refuse(f"{key}.{k}", "file-backed task encoders are not loaded: nothing is imported from a path "
-                                          "in YAML; this library's encoder is nemotron_multimodal")
-            if k not in ("name", "options", "packing"):
-                walk.refuse(f"{key}.{k}", "not a key of NeMo-RL's task encoder config (name, options, packing)")
+        walk.entry_keys(key, te, ("name", "options", "packing"), "task encoder",
+                        "this library's encoder is nemotron_multimodal")
     if name != "nemotron_multimodal":
         walk.refuse(f"{key}.name" if isinstance(te, dict) else key,
                     f"{name!r}: this library serves NeMo-RL's nemotron_multimodal encoder (generic_sft runs the "

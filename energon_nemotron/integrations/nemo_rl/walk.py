@@ -76,6 +76,17 @@ class Walk:
     def refuse(self, dotted: str, why: str) -> None:
         raise ConfigError(f"{self.origin}: {dotted}: {why}")
 
+    def entry_keys(self, at: str, entry: dict, allowed: tuple, what: str, loaded: str) -> None:
+        """Refuse a component entry's file-backed keys (``python_file``, ``object_name``, ``object``:
+        nothing is imported from a path in YAML; ``loaded``: what to use instead) and any key not in
+        ``allowed`` (``what``: the entry's kind)."""
+        for k in entry:
+            if k in ("python_file", "object_name", "object"):
+                self.refuse(f"{at}.{k}", f"file-backed {what}s are not loaded: nothing is imported from a path in "
+                                         f"YAML; {loaded}")
+            if k not in allowed:
+                self.refuse(f"{at}.{k}", f"not a key of a {what} entry ({', '.join(allowed)})")
+
     def finish(self) -> dict[str, str]:
         """Statuses for the keys no rule visited: under ``data`` a ``ConfigError`` (naming all of
         them), under ``policy``/``sft`` the trainer's; other top-level blocks are not read."""
