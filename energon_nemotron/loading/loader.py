@@ -28,6 +28,7 @@ from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource,
 from energon_nemotron.encoders.outputs import PACKED_BATCH
 from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
 from energon_nemotron.errors import ConfigError
+from energon_nemotron.guards import orphans
 from energon_nemotron.guards.policy import ErrorPolicy, skip_counter
 from energon_nemotron.guards.shards import guard_reads
 from energon_nemotron.guards.skip_limits import apply_limits
@@ -142,6 +143,7 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     # restore replays at most that long of batches, and the loader keeps that many batches' keys for
     # the elastic merge (energon_nemotron.resume.elastic.RecentBatches); the stream is unchanged
     s = cfg.loader
+    orphans.install()                        # forked workers die with this process (guards.orphans)
     return get_savable_loader(dataset, gc_collect_every_n_steps=s.gc_collect_every_n_steps,
                               watchdog_timeout_seconds=s.watchdog_timeout_seconds, prefetch_factor=s.prefetch_factor,
                               checkpoint_every_sec=s.checkpoint_every_sec, checkpoint_every_min_n_samples=1,
