@@ -395,3 +395,40 @@ def test_loader_refuses_an_incomplete_manifest(corpus, tmp_path):
     (folder / "rows.jsonl.packed.manifest.json").write_text(json.dumps(m))
     with pytest.raises(ConfigError, match=r"shard 1 \(rows-00001-of-\d+\.jsonl\.packed\) is not complete"):
         build_train_loader(loader_config(folder / "rows.jsonl.packed.manifest.json"))
+
+
+def _copy_of_sharded(corpus, folder: Path) -> tuple[Path, dict]:
+    shutil.copytree(Path(corpus["sharded"].manifest).parent, folder)
+    path = folder / "rows.jsonl.packed.manifest.json"
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_refuses_a_shard_listed_twice_or_changed(corpus, tmp_path, workers):
+    """Damage that keeps every size: a manifest listing shard 0 twice (shard 1's entry replaced), a
+    same-size edit of a shard, a recorded sha256 of zeros: each a ConfigError naming it before any
+    batch, never a silent read."""
+    path, m = _copy_of_sharded(corpus, tmp_path / "twice")
+    m["shards"][1] = dict(m["shards"][0])
+    path.write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match=r"shards 0 and 1 are both 'rows-00000-of-\d+\.jsonl\.packed': the manifest "
+                                          r"lists a shard twice"):
+        build_train_loader(loader_config(path))
+    path, m = _copy_of_sharded(corpus, tmp_path / "edited")
+    shard = path.parent / m["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    at = data.index(b"9") if b"9" in data else data.index(b"1")
+    data[at:at + 1] = b"8" if data[at:at + 1] == b"9" else b"2"          # a digit for a digit: same size
+    shard.write_bytes(bytes(data))
+    cfg = loader_config(path)
+    cfg["loader"]["num_workers"] = workers
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(path))}: shard {shard.name}: its sha256 is [0-9a-f]{{64}}, "
+                                          r"the manifest records [0-9a-f]{64}: the file changed since it was packed"):
+        next(iter(build_train_loader(cfg)))
+    path, m = _copy_of_sharded(corpus, tmp_path / "zeros")
+    m["shards"][0]["sha256"] = "0" * 64
+    path.write_text(json.dumps(m))
+    cfg = loader_config(path)
+    cfg["loader"]["num_workers"] = workers
+    with pytest.raises(ConfigError, match=r"the manifest records 0{64}"):
+        next(iter(build_train_loader(cfg)))

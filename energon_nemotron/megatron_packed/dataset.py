@@ -15,11 +15,12 @@ number of batches and each real row is counted exactly once across ranks.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -45,24 +46,41 @@ def _line_list(lines: list[int], limit: int = 20) -> str:
     return shown + (f", ... ({len(lines) - limit} more)" if len(lines) > limit else "")
 
 
-def iter_rows(paths: list[Path]) -> Iterator[tuple[int, int, int, bytes]]:
+def iter_rows(paths: list[Path], digests: Optional[Sequence[Optional[str]]] = None,
+              origin: str = "") -> Iterator[tuple[int, int, int, bytes]]:
     """(row index, file index, line number, raw line) of every non-blank line of ``paths`` (their
-    rows back to back), streamed."""
+    rows back to back), streamed. ``digests``: per path the sha256 its manifest records (None:
+    unchecked); a file whose bytes differ is a ``ConfigError`` (``origin``: the manifest) when
+    its end is reached."""
     row = 0
     for fi, path in enumerate(paths):
+        expected = digests[fi] if digests else None
+        digest = hashlib.sha256() if expected is not None else None
         with open(path, "rb") as f:
             for line_no, raw in enumerate(f, 1):
+                if digest is not None:
+                    digest.update(raw)
                 if raw.strip():
                     yield row, fi, line_no, raw
                     row += 1
+        if digest is not None:
+            mf.check_digest(path, digest.hexdigest(), expected, origin)
 
 
 def source_files(path: Path, encoder: MegatronSFTPackedEncoder) -> tuple[list[Path], Optional[Path]]:
     """The files of a rows source and its manifest: ``path`` itself (with ``path.manifest.json`` if
     there is one), or the shards of the manifest ``path`` is. A manifest's encoder must match
     ``encoder`` (``ConfigError`` listing every differing key)."""
+    files, where, _ = source_and_digests(path, encoder)
+    return files, where
+
+
+def source_and_digests(path: Path, encoder: MegatronSFTPackedEncoder) -> tuple[list[Path], Optional[Path], list]:
+    """:func:`source_files` and, per file, the sha256 its manifest records (None where none is)."""
+    digests: list = []
     if mf.is_manifest(path):
         files, manifest = mf.manifest_shards(path)
+        digests = [entry.get("sha256") for entry in manifest["shards"]]
         where: Optional[Path] = path
     else:
         if not path.is_file():
@@ -72,10 +90,11 @@ def source_files(path: Path, encoder: MegatronSFTPackedEncoder) -> tuple[list[Pa
             raise ConfigError(f"{str(path)!r} is not a file{hint}")
         files, where = [path], mf.manifest_path(path)
         if not where.is_file():
-            return files, None
+            return files, None, [None]
         manifest = mf.load_manifest(where)
+        digests = [None]
     mf.check_encoder(manifest, encoder.signature(), str(where))
-    return files, where
+    return files, where, digests
 
 
 class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
@@ -113,7 +132,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
             raise ConfigError(f"invalid dp_rank={dp_rank} / dp_size={dp_size}")
         self.path = Path(path)
         self.encoder = encoder
-        self.files, self.manifest_path = source_files(self.path, encoder)
+        self.files, self.manifest_path, self.digests = source_and_digests(self.path, encoder)
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.validation = validation
@@ -139,14 +158,14 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         if self._index is not None:
             return len(self.row_index())
         if self._num_rows is None:
-            self._num_rows = sum(1 for _ in iter_rows(self.files))
+            self._num_rows = sum(1 for _ in iter_rows(self.files, self.digests, str(self.manifest_path)))
         return self._num_rows
 
     def row_index(self) -> RowIndex:
         """The rows' byte offsets (one streamed pass; cached, rebuilt if the file changed). Built
         before the workers start, they inherit it."""
         if self._index is None or self._index.stale():
-            self._index = RowIndex(self.files)
+            self._index = RowIndex(self.files, self.digests, str(self.manifest_path))
             self._num_rows = len(self._index)
         return self._index
 
@@ -194,7 +213,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
     def _file_order_items(self, first: int, step: int) -> Iterator[tuple[int, int, bytes, bool]]:
         """(file index, line number, raw line, is padding) of this worker's rows in file order,
         streamed, then its padding rows."""
-        for row, fi, line_no, raw in iter_rows(self.files):
+        for row, fi, line_no, raw in iter_rows(self.files, self.digests, str(self.manifest_path)):
             if row >= first and (row - first) % step == 0:
                 yield fi, line_no, raw, False
         if self.validation:
@@ -256,7 +275,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
                 wanted[idx % n] = wanted.get(idx % n, 0) + 1
         if not wanted:
             return
-        for row, fi, line_no, raw in iter_rows(self.files):
+        for row, fi, line_no, raw in iter_rows(self.files, self.digests, str(self.manifest_path)):
             for _ in range(wanted.get(row, 0)):
                 yield fi, line_no, raw
 

@@ -150,11 +150,17 @@ def check_encoder(manifest: dict, signature: dict, origin: str) -> None:
 
 def manifest_shards(path: Path) -> tuple[list[Path], dict]:
     """The shard files of the manifest at ``path`` in row order, and the manifest; a
-    ``ConfigError`` if a shard is incomplete, missing or of another size than recorded."""
+    ``ConfigError`` if a shard is listed twice, incomplete, missing or of another size than
+    recorded. (Its sha256 is checked as the rows are first read: :func:`check_digest`.)"""
     manifest = load_manifest(path)
     folder = Path(path).parent
     files = []
+    seen: dict[str, int] = {}
     for i, entry in enumerate(manifest["shards"]):
+        if entry["file"] in seen:
+            raise ConfigError(f"{path}: shards {seen[entry['file']]} and {i} are both {entry['file']!r}: the manifest "
+                              "lists a shard twice (and so leaves another out); it is damaged: pack again")
+        seen[entry["file"]] = i
         f = folder / entry["file"]
         if not entry.get("complete"):
             raise ConfigError(f"{path}: shard {i} ({entry['file']}) is not complete: the pack was interrupted; "
@@ -166,6 +172,14 @@ def manifest_shards(path: Path) -> tuple[list[Path], dict]:
                               f"records {entry.get('bytes')}: it changed since it was packed")
         files.append(f)
     return files, manifest
+
+
+def check_digest(path: Path, digest: str, expected: Optional[str], origin: str) -> None:
+    """``ConfigError`` unless the sha256 ``digest`` of a shard's bytes (hex) is the manifest's
+    ``expected`` one (None: nothing recorded, nothing checked); ``origin`` names the manifest."""
+    if expected is not None and digest != expected:
+        raise ConfigError(f"{origin}: shard {path.name}: its sha256 is {digest}, the manifest records {expected}: "
+                          "the file changed since it was packed (its size did not); restore it or pack again")
 
 
 # -- pass 1's counts, kept for a resumed run ---------------------------------------------------

@@ -12,9 +12,11 @@ import hashlib
 import os
 from array import array
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import BinaryIO, Optional, Sequence
 
 import numpy as np
+
+from energon_nemotron.megatron_packed.manifest import check_digest
 
 
 class RowIndex:
@@ -26,20 +28,29 @@ class RowIndex:
     ``stale()`` tells whether a file changed since.
     """
 
-    def __init__(self, paths: str | Path | Sequence[str | Path]) -> None:
+    def __init__(self, paths: str | Path | Sequence[str | Path], digests: Optional[Sequence[Optional[str]]] = None,
+                 origin: str = "") -> None:
+        """``digests``: per path the sha256 a manifest records (None: unchecked), checked in the
+        same pass (``manifest.check_digest``; ``origin`` names the manifest)."""
         self.paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
         self.path = self.paths[0]
         self.signature = self._signature()
         offsets, lines, files = array("q"), array("q"), array("i")
         for fi, path in enumerate(self.paths):
             position = 0
+            expected = digests[fi] if digests else None
+            digest = hashlib.sha256() if expected is not None else None
             with open(path, "rb") as f:
                 for line_no, raw in enumerate(f, 1):
+                    if digest is not None:
+                        digest.update(raw)
                     if raw.strip():
                         offsets.append(position)
                         lines.append(line_no)
                         files.append(fi)
                     position += len(raw)
+            if digest is not None:
+                check_digest(path, digest.hexdigest(), expected, origin)
         self.offsets = np.frombuffer(offsets, dtype=np.int64) if offsets else np.zeros(0, np.int64)
         self.lines = np.frombuffer(lines, dtype=np.int64) if lines else np.zeros(0, np.int64)
         self.files = np.frombuffer(files, dtype=np.int32) if files else np.zeros(0, np.int32)
