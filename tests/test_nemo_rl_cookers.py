@@ -207,3 +207,20 @@ def test_aux_named_media_source_and_aux_data_prefixes(tmp_path):
     assert ref.payload.source == "pool" and ref.payload.key == "imgs/a.png"
     with pytest.raises(ConfigError, match=r"aux_data_prefixes: 's3://bucket/': 'pool' names no aux source"):
         check_binding({"other": other}, sub, "ds")
+
+
+def test_nemotron_conversation_refuses_what_it_would_drop():
+    """NeMo-RL's fragment extras (clip timing) and ``video_frame`` fragments are refused by name, not
+    dropped; so is a turn's explicit loss."""
+    timed = {"conversation": [{"sender": "user", "fragments": [{"t": "video", "value": "a.mp4", "start_time": 1.0}]},
+                              {"sender": "assistant", "fragments": ["ok"]}]}
+    with pytest.raises(DataError, match=r"turn 0 fragment 0: keys \['start_time'\] are not read by this cooker"):
+        cook("nemotron_conversation", crude(timed, {"mp4": b"V"}))
+    frame = {"conversation": [{"sender": "user", "fragments": [{"t": "video_frame", "value": "f.jpg"}]},
+                              {"sender": "assistant", "fragments": ["ok"]}]}
+    with pytest.raises(DataError, match=r"turn 0 fragment 0 must be a string or"):
+        cook("nemotron_conversation", crude(frame, {"jpg": b"J"}))
+    loss = {"conversation": [{"sender": "user", "fragments": ["q"]},
+                             {"sender": "assistant", "fragments": ["a"], "loss": True}]}
+    with pytest.raises(DataError, match=r"turn 1 has an explicit 'loss' field"):
+        cook("nemotron_conversation", crude(loss))

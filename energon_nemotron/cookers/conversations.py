@@ -107,6 +107,11 @@ def cook_nemotron_conversation(sample: dict, **aux) -> Conversation:
             elif isinstance(frag, dict) and frag.get("t") == "text":
                 parts.append(text_of(frag.get("value"), where, f"turn {i} fragment {j} value"))
             elif isinstance(frag, dict) and frag.get("t") in MODALITIES:
+                extra = sorted(set(frag) - {"t", "value", "metadata"})
+                if extra:      # e.g. NeMo-RL's clip timing (start_time, end_time): not read, so not dropped
+                    raise DataError(where, f"turn {i} fragment {j}: keys {extra} are not read by this cooker (a "
+                                           f"{frag['t']} fragment has 't', 'value', 'metadata'); clip timing is not "
+                                           "supported: cut the clip, or drop the keys")
                 ref = media_ref(sample, frag.get("value"), frag["t"], where, frag.get("metadata"))
                 if ref.name in members_used and ref.name in sample:
                     raise DataError(where, f"turn {i} fragment {j} references member {ref.name!r} a second time",
