@@ -318,3 +318,33 @@ def test_media_roots_enter_the_fingerprint(roots_corpus):
     one, two = (fingerprint(load_config(roots_config(root, 0, roots=r)), "train", False) for r in (("r1",), ("r2",)))
     assert one["media_roots"] == [str((root / "r1").resolve())] and one != two
     assert "media_roots" not in fingerprint(load_config(roots_config(root, 0, roots=None)), "train", False)
+
+
+def test_bad_aux_sources_are_named_at_start(tmp_path):
+    """Aux sources Energon would fail on with a raw AssertionError (or read as if empty): a folder that
+    is not a prepared dataset, a missing or garbage index.sqlite, a filesystem:// folder that does not
+    exist: one ConfigError at start naming each."""
+    import shutil
+
+    from energon_data import text_config, text_dataset
+
+    ds, _ = text_dataset(tmp_path / "ds", "nemotron_conversation", n=4)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    noindex = tmp_path / "noindex"
+    shutil.copytree(ds, noindex)
+    (noindex / ".nv-meta" / "index.sqlite").unlink()
+    garbage = tmp_path / "garbage"
+    shutil.copytree(ds, garbage)
+    (garbage / ".nv-meta" / "index.sqlite").write_bytes(b"not a database" * 10)
+    mds = tmp_path / "mix.yaml"
+    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
+        "train": {"path": "ds", "aux": {"a": "plain", "b": "noindex", "c": "garbage", "d": "filesystem://nowhere",
+                                        "e": "filesystem://plain", "f": "msc://bucket/x"}}}}))
+    with pytest.raises(ConfigError) as err:
+        build_train_loader(text_config(mds, workers=0), repeat=False)
+    text = str(err.value)
+    assert "aux source 'a' ('plain'): " in text and "not a prepared dataset (no .nv-meta/index.sqlite)" in text
+    assert "aux source 'b' ('noindex'): " in text and "aux source 'c' ('garbage'): " in text
+    assert "is not an SQLite index (damaged)" in text and "aux source 'd' ('filesystem://nowhere'): the folder" in text
+    assert "'e'" not in text and "'f'" not in text

@@ -224,3 +224,4 @@ def test_nemotron_conversation_refuses_what_it_would_drop():
                              {"sender": "assistant", "fragments": ["a"], "loss": True}]}
     with pytest.raises(DataError, match=r"turn 1 has an explicit 'loss' field"):
         cook("nemotron_conversation", crude(loss))
+

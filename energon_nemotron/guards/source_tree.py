@@ -175,8 +175,52 @@ def _node(tree: Tree, path: Path, node: Any, scope: _Scope) -> None:
         return
     target = node["path"]
     target = Path(target) if "://" in str(target) else path.parent / str(target)
+    tree.problems += aux_problems(path, node.get("aux"))
     configs = {k: node.get(k) for k in ("dataset_config", "split_config")}
     _reference(tree, target, below, path, configs)
+
+
+#: the first bytes of an SQLite database file
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def aux_problems(path: Path, aux: Any) -> list[str]:
+    """What is wrong with a dataset reference's ``aux`` sources in metadataset ``path`` (each named):
+    a ``filesystem://`` folder that does not exist, or a prepared dataset without a readable
+    ``.nv-meta/index.sqlite``. Remote sources (another ``scheme://``) are not checked here."""
+    if aux is None:
+        return []
+    if not isinstance(aux, dict):
+        return [f"{path}: aux must map names to sources, got {aux!r:.80}"]
+    out = []
+    for name, source in aux.items():
+        where = f"{path}: aux source {name!r} ({source!r})"
+        if not isinstance(source, str) or not source:
+            out.append(f"{where}: expected a path, or filesystem://FOLDER")
+            continue
+        if source.startswith("filesystem://"):
+            rest = source[len("filesystem://"):]
+            if "://" in rest:
+                continue
+            folder = Path(rest) if Path(rest).is_absolute() else path.parent / rest
+            if not folder.is_dir():
+                out.append(f"{where}: the folder {folder} does not exist")
+            continue
+        if "://" in source:
+            continue
+        folder = Path(source) if Path(source).is_absolute() else path.parent / source
+        index = folder / META / "index.sqlite"
+        try:
+            with open(index, "rb") as f:
+                header = f.read(len(SQLITE_HEADER))
+        except OSError:
+            kind = "not a prepared dataset" if folder.is_dir() else "does not exist"
+            out.append(f"{where}: {folder} {kind} (no {META}/index.sqlite): run `energon prepare` on it, or name "
+                       "a plain folder as filesystem://FOLDER")
+            continue
+        if header != SQLITE_HEADER:
+            out.append(f"{where}: {index} is not an SQLite index (damaged): re-run `energon prepare` on {folder}")
+    return out
 
 
 def file_sha256(path: Path) -> Optional[str]:
