@@ -109,11 +109,17 @@ def _truncate_config(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text('{"backend": "tokeni')
 
 
+def _drop_config(folder: Path) -> None:
+    (folder / "tokenizer_config.json").unlink()
+
+
 @pytest.mark.parametrize("damage, message", [
     (_drop_json, r"the folder has no tokenizer\.json"),
     (_truncate_json, r"tokenizer\.json is not valid JSON \(JSONDecodeError: .*\): the file is truncated or damaged"),
     (_foreign_json, r"tokenizer\.json is not a tokenizers file"),
     (_truncate_config, r"tokenizer_config\.json is not valid JSON"),
+    (_drop_config, r"the folder has no tokenizer_config\.json: transformers then loads tokenizer\.json without the "
+                   r"special tokens it names \(no pad, eos or unk token"),
 ])
 @pytest.mark.parametrize("path", ["energon", "megatron"])
 def test_a_damaged_tokenizer_folder_is_named_with_the_file_and_the_fix(tmp_path, damage, message, path):

@@ -237,6 +237,7 @@ def test_elastic_load_refuses_other_configurations_and_plain_states(data):
         loader.load_state_dict(states[0], elastic=True)
     with pytest.raises(ConfigError, match="repeat"):             # one pass vs endless: another stream
         build_train_loader(base, repeat=True, dp_rank=0, dp_size=3).load_state_dict(merged, elastic=True)
-    # a plain load of a merged state is refused too (it has no position)
-    with pytest.raises(ConfigError):
+    # a plain load of a merged state is refused too, saying how to load it (not "damaged")
+    with pytest.raises(ConfigError, match=r"a merged state of several ranks .*: load it with "
+                                          r"load_state_dict\(state, elastic=True\)$"):
         build_train_loader(base, repeat=False, dp_rank=0, dp_size=2).load_state_dict(merged)

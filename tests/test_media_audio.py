@@ -236,6 +236,16 @@ def test_bad_options(bad):
         AudioOptions(**bad)
 
 
+def test_a_hop_longer_than_half_the_shortest_clip_is_refused_at_start():
+    """``hop_length: 100000`` used to pass the option check and fail every sample (fewer than two mel
+    frames); now the option itself is refused, naming the limit."""
+    from energon_nemotron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"audio\.hop_length 100000: the shortest clip \(1600 samples.*at most 800"):
+        AudioOptions(hop_length=100000)
+    assert AudioOptions(hop_length=800).hop_length == 800
+
+
 def test_plan_options():
     opts = AudioOptions(clip_seconds=10.0, min_clip_seconds=0.5)
     plan = plan_audio({"duration": 20.2}, opts)

@@ -61,6 +61,10 @@ class AudioOptions:
             raise ConfigError(f"invalid audio options: {self}")
         if self.long_audio not in ("clips", "whole", "truncate"):
             raise ConfigError(f"audio long_audio must be 'clips', 'whole' or 'truncate', not {self.long_audio!r}")
+        if self.min_clip_length // self.hop_length < 2:      # else every sample fails: fewer than 2 mel frames
+            raise ConfigError(f"audio.hop_length {self.hop_length}: the shortest clip ({self.min_clip_length} samples, "
+                              f"min_clip_seconds {self.min_clip_seconds} at {self.sample_rate} Hz) would have fewer "
+                              f"than 2 mel frames; hop_length must be at most {self.min_clip_length // 2}")
 
     @property
     def clip_length(self) -> int:      # samples of a full clip (480000)

@@ -32,6 +32,9 @@ def state_parts(state: Any, origin: str = "the loader state") -> tuple[dict, dic
     when one is missing or not a mapping)."""
     if not isinstance(state, dict):
         raise ConfigError(f"{origin}: expected a mapping with fingerprint and position, got {_kind(state)}; {DAMAGED}")
+    if "merged" in state and "position" not in state:
+        raise ConfigError(f"{origin}: a merged state of several ranks (energon_nemotron.resume.merge_rank_states): "
+                          "load it with load_state_dict(state, elastic=True)")
     for key in ("fingerprint", "position"):
         if key not in state:
             raise ConfigError(f"{origin}: no {key!r} key; {DAMAGED}")

@@ -21,9 +21,14 @@ def load_tokenizer(tokenizer: Any) -> Any:
         from transformers import AutoTokenizer
 
         try:
-            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            loaded = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as e:       # noqa: BLE001 - whatever the folder's files make transformers raise
             raise ConfigError(tokenizer_folder_problem(path, e)) from None
+        if not (path / "tokenizer_config.json").is_file():
+            raise ConfigError(f"tokenizer {path}: the folder has no tokenizer_config.json: transformers then loads "
+                              "tokenizer.json without the special tokens it names (no pad, eos or unk token: "
+                              f"padding would pick another id); {FAST_TOKENIZER_FOLDER}")
+        return loaded
     if not hasattr(tokenizer, "convert_tokens_to_ids"):
         raise ConfigError(f"expected a Hugging Face tokenizer or a directory, got {type(tokenizer).__name__}")
     return tokenizer
