@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.errors import ConfigError, original_message
 
 
 def _encoder_args(p: argparse.ArgumentParser) -> None:
@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     from energon_nemotron.registry import PACKERS
 
     p = argparse.ArgumentParser(prog="energon-nemotron", description=__doc__)
+    p.add_argument("--debug", action="store_true",
+                   help="on an error, print its full traceback (a loader worker's too) before the message")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("pack-megatron", help="pack raw conversations into Megatron-LM offline-packed rows")
@@ -227,14 +229,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         code = args.func(args)
         sys.stdout.flush()              # inside the try: a reader that went away is handled below
         return code
-    except (DataError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:             # the reader went away (`... | head`): stop quietly
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:              # a data or config error, also one a loader worker raised: one message
+        message = original_message(e)
+        if message is None:
+            raise
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -120,3 +120,24 @@ def sample_where(sample: object, sources: object = None) -> str:
     if shard is None and sources:
         shard = getattr(list(sources)[0], "shard_name", None)
     return f"{key} (in {shard})" if shard else str(key)
+
+
+#: how PyTorch re-raises an exception from a ``DataLoader`` worker: its message, then this line
+WORKER_TRACEBACK = "\nOriginal Traceback (most recent call last):\n"
+_LIBRARY_ERRORS = ("DataError", "ConfigError", "DatasetError", "SkipLimitError", "MediaError")
+
+
+def original_message(error: BaseException) -> str | None:
+    """The library error's own message inside an exception PyTorch re-raised from a ``DataLoader``
+    worker (``Caught DataError in DataLoader worker process 0. Original Traceback ...``: the
+    worker's whole traceback, the useful line last), or ``str(error)`` for a library error raised
+    in this process; None for any other exception."""
+    text = str(error)
+    if WORKER_TRACEBACK not in text:
+        return text if type(error).__name__ in _LIBRARY_ERRORS else None
+    lines = text.split(WORKER_TRACEBACK, 1)[1].splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        head, sep, rest = lines[i].partition(": ")
+        if sep and not lines[i].startswith(" ") and head.rsplit(".", 1)[-1] in _LIBRARY_ERRORS:
+            return "\n".join([rest, *lines[i + 1:]])
+    return None

@@ -57,3 +57,32 @@ def test_a_closed_pipe_ends_the_command_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_data_error_is_one_message_and_the_traceback_is_behind_debug(tmp_path, capsys, workers):
+    """A sample whose image is missing, read by ``preview`` (also from a loader worker, which PyTorch
+    re-raises with the worker's whole traceback): one ``error:`` line naming the sample, the file and
+    the reason, exit 2; ``--debug`` shows the traceback first."""
+    import json as _json
+
+    import yaml
+
+    from energon_data import energon, text_config
+
+    rows = [{"conversations": [{"from": "human", "value": "<image> What is it?"}, {"from": "gpt", "value": "A cat."}],
+             "image": "imgs/pic0.jpg"}]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    energon("prepare", str(data))
+    cfg = text_config(data, workers=workers)
+    cfg["data"]["default_cooker"] = "general_conversations"
+    (tmp_path / "loader.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["preview", str(tmp_path / "loader.yaml"), "--batches", "1"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: 0 (in ") and "image file 'imgs/pic0.jpg' not found under the dataset folder" \
+        in lines[0], lines[0]
+    assert main(["--debug", "preview", str(tmp_path / "loader.yaml"), "--batches", "1"]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err

@@ -115,7 +115,8 @@ def local_media(sample: dict, value: str, modality: str, where: str, roots: Sequ
         raise _escape(value, modality, where, targets[0], folders, len(roots))
     also = " or the media roots" if roots else ""
     hint = (f"; the dataset has aux sources {', '.join(aux_names)} but none holds its media: set subflavors "
-            f"{MEDIA_SOURCE_SUBFLAVOR}: NAME to read them from one" if aux_names else "")
+            f"{MEDIA_SOURCE_SUBFLAVOR}: NAME to read them from one" if aux_names else
+            "; add the folder that holds the media to data.media_roots in the loader config")
     raise DataError(where, f"{modality} file {value!r} not found under the dataset folder{also}; looked for "
                            f"{', '.join(map(str, targets))}{hint}", "missing_media")
 
