@@ -102,3 +102,52 @@ def test_cli_pack_then_inspect(tmp_path):
     res = subprocess.run([sys.executable, "-m", "energon_nemotron.cli", "inspect-megatron", str(out), "--rows", "1",
                           "--color", "never", *common], capture_output=True, text=True, check=True)
     assert "segment 0" in res.stdout and "⟦" in res.stdout and "<SPECIAL_11>Assistant" in res.stdout
+
+
+def test_a_second_run_on_one_output_is_refused_naming_the_holder(tmp_path):
+    """Two pack-megatron runs on one output at once: the second is a ConfigError naming the first
+    (pid, host, start), not a FileNotFoundError; once the first ends the output can be written."""
+    import os
+
+    from energon_nemotron.errors import ConfigError
+    from energon_nemotron.megatron_packed.output_lock import output_lock
+
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"messages": c} for c in make_conversations(8, seed=2)])
+    enc = MegatronSFTPackedEncoder(DEMO_TOKENIZER, 512, "nemotron-h-aligned")
+    out = tmp_path / "o.jsonl.packed"
+    with output_lock(out):                             # the first run, here held by this test
+        script = ("import sys; from conftest import DEMO_TOKENIZER; from energon_nemotron.errors import ConfigError\n"
+                  "from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder\n"
+                  "from energon_nemotron.megatron_packed.offline_pack import pack_file\n"
+                  "enc = MegatronSFTPackedEncoder(DEMO_TOKENIZER, 512, 'nemotron-h-aligned')\n"
+                  "try:\n    pack_file(sys.argv[1], sys.argv[2], enc, progress=False)\n"
+                  "except ConfigError as e:\n    print(e)\n")
+        res = subprocess.run([sys.executable, "-c", script, str(raw), str(out)], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=300)
+        assert f"another pack-megatron run is writing it (pid {os.getpid()} on " in res.stdout, res.stdout + res.stderr
+        assert not out.exists()
+    assert pack_file(raw, out, enc, progress=False).rows > 0 and out.is_file()
+    with pytest.raises(ConfigError, match="another pack-megatron run"):
+        with output_lock(out):
+            with output_lock(out):                     # a second lock, even in one process, is refused
+                pass
+
+
+def test_a_full_disk_while_writing_is_one_clear_error(tmp_path):
+    """A file-size limit (as a full disk) while a shard is written: exit 2 with one message naming
+    the output and the error, not an OSError traceback; rerunning without the limit finishes."""
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"messages": c} for c in make_conversations(60, seed=4)])
+    out = tmp_path / "o.jsonl.packed"
+    args = ["pack-megatron", "--input", str(raw), "--output", str(out), "--rows-per-shard", "4", "--no-progress",
+            "--tokenizer", str(DEMO_TOKENIZER), "--seq-length", "512", "--prompt-format", "nemotron-h-aligned"]
+    script = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))\n"
+              "from energon_nemotron.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.startswith(f"error: {out}: writing failed (File too large"), \
+        res.stderr
+    res = subprocess.run([sys.executable, "-m", "energon_nemotron.cli", *args], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.with_name(out.name + ".manifest.json").read_text())["complete"]

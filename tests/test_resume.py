@@ -159,6 +159,23 @@ def test_state_file_is_atomic(tmp_path, monkeypatch):
         load_state_file(path)
 
 
+def test_a_state_save_on_a_full_disk_says_the_old_state_is_kept(tmp_path):
+    """A file-size limit (as a full disk) while the state is written: an OSError naming the file and
+    that the previous state is unchanged; no temporary file is left behind."""
+    path = tmp_path / "s.json"
+    save_state_file(path, {"fingerprint": {"a": 1}, "position": {}})
+    script = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "from energon_nemotron.resume import save_state_file\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))\n"
+              "try:\n    save_state_file(sys.argv[1], {'fingerprint': {'a': 'x' * 1000}, 'position': {}})\n"
+              "except OSError as e:\n    print(e)\n")
+    res = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert f"cannot save the loader state to {path}: File too large; the previous state file is unchanged" in \
+        res.stdout, res.stdout + res.stderr
+    assert load_state_file(path)["fingerprint"] == {"a": 1} and sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]
+
+
 @pytest.mark.slow
 def test_preview_save_and_load_state(media_root, tmp_path):
     config = tmp_path / "l.yaml"

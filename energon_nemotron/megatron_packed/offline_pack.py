@@ -33,6 +33,7 @@ from energon_nemotron.megatron_packed import manifest as mf
 from energon_nemotron.megatron_packed.counting import Counted, count_local
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.inputs import describe_input, expand_inputs, split_blocks
+from energon_nemotron.megatron_packed.output_lock import output_lock
 from energon_nemotron.megatron_packed.shards import (
     pack_rows,
     shard_jobs,
@@ -264,7 +265,7 @@ def pack(inputs: str | Path | Sequence[str | Path], output: str | Path, encoder:
         raise ConfigError(f"--output {str(out)!r} is a folder; give the .jsonl.packed file to write")
     run = _Run(out, expand_inputs(inputs), encoder, options, engine, progress)
     run.folder.mkdir(parents=True, exist_ok=True)
-    with engine:
+    with output_lock(out), write_errors(out), engine:
         saved = _hash(run)
         old, stale = _previous(run.manifest, saved, run.notes)
         if _finished(run, old):
@@ -278,6 +279,19 @@ def pack(inputs: str | Path | Sequence[str | Path], output: str | Path, encoder:
             del layout                                  # the bins are not needed while writing
             _write(run, manifest, jobs, on_shard_done)
     return _summary(manifest, run.manifest, engine.name, len(done), run.notes, run.times)
+
+
+@contextmanager
+def write_errors(output: Path) -> Iterator[None]:
+    """An ``OSError`` while the run writes (disk full, a file-size limit, a read-only folder) as one
+    ``ConfigError`` naming the output and the error, and that the finished shards are kept."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(f"{output}: writing failed ({e.strerror or type(e).__name__}"
+                          f"{': ' + str(e.filename) if e.filename else ''}); the shards finished before it are "
+                          "complete and recorded in the manifest; fix the cause (free space, raise the file-size "
+                          "limit) and rerun the same command to finish") from e
 
 
 def _hash(run: _Run) -> dict:

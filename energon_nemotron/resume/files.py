@@ -20,14 +20,21 @@ __all__ = ["save_state_file", "load_state_file", "FORMAT", "VERSION"]
 
 
 def save_state_file(path: str | os.PathLike, state: dict) -> None:
-    """Write ``state`` as JSON atomically: a temporary file in the same folder, fsync, rename."""
+    """Write ``state`` as JSON atomically: a temporary file in the same folder, fsync, rename. A
+    failed write (disk full, a file-size limit) removes the temporary file, leaves an existing state
+    file as it was, and raises an ``OSError`` that says so."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     payload = json.dumps({"format": FORMAT, "version": VERSION, **state}, sort_keys=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        kept = "the previous state file is unchanged" if path.exists() else "no state file was written"
+        raise OSError(e.errno, f"cannot save the loader state to {path}: {e.strerror or e}; {kept}") from e
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
