@@ -178,7 +178,7 @@ def tool_conversations(draw):
             msgs.append({"role": "assistant", "content": draw(st.sampled_from(["", "Checking."])), "tool_calls": calls})
             msgs += [{"role": "tool", "tool_call_id": c["id"], "content": draw(TEXT)} for c in calls]
         msgs.append({"role": "assistant", "content": draw(TEXT.filter(str.strip))})
-    tools = draw(st.sampled_from([[], [WEATHER], [WEATHER, NOARGS]]))
+    tools = draw(st.sampled_from([[], [WEATHER, NOARGS], [NOARGS, WEATHER]]))   # every called tool defined
     return msgs, tools
 
 
@@ -214,6 +214,32 @@ def test_tool_masks_equal_hugging_face(case, tool_tokenizer_dir):
     [(tokens, trained)] = ConversationTokenizer(hf, "tokenizer").encode([conv.messages], "k", tools=conv.tools)
     assert tokens.tolist() == list(want["input_ids"])
     assert trained.astype(int).tolist() == list(want["assistant_masks"])
+
+
+def _call(name, call_id):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [_call(
+        "get_weather", "c1")]}, {"role": "tool", "tool_call_id": "c9", "content": "21"},
+        {"role": "assistant", "content": "ok"}]},
+     r"message 2 is the result of tool call 'c9', which no earlier assistant message made"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [_call(
+        "search", "c1")]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "assistant", "content": "ok"}],
+      "tools": [WEATHER]}, r"message 1 calls tool 'search', which the row's tools do not define \(get_weather\)"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ok"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": "a string"}}]},
+     r"tools\[0\] \(f\): 'parameters' must be a JSON schema object"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ok"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+     r"tools\[0\] \(f\): 'parameters' must be a JSON schema object"),
+], ids=["unanswered_result", "undefined_tool", "schema_not_object", "schema_wrong_type"])
+def test_mis_paired_tool_data_is_refused(row, message):
+    """What a model would learn wrong (a result of no call, a call of an undefined tool, a tools
+    schema that is not one) is refused naming the sample, not trained on."""
+    with pytest.raises(DataError, match=r"^000003 \(in parts/data-0\.tar\): " + message):
+        cook_openai_messages(crude(row))
 
 
 def test_weight_zero_turns_are_not_trained(tool_tokenizer_dir):

@@ -170,7 +170,28 @@ def tools_of(obj: dict, where: str) -> list[dict]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise DataError(where, f"tools[{k}] must be a function definition with a 'name' "
                                    "({'type': 'function', 'function': {'name', 'description', 'parameters'}})")
+        params = fn.get("parameters")
+        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+            raise DataError(where, f"tools[{k}] ({fn['name']}): 'parameters' must be a JSON schema object "
+                                   f"({{'type': 'object', 'properties': ...}}), got {params!r:.60}")
     return tools
+
+
+def check_tool_use(messages: list[Message], tools: list[dict], where: str) -> None:
+    """Tool results answer earlier calls (by ``tool_call_id``, when set) and, when the row defines
+    ``tools``, every call names one of them: else the row is mis-paired data a model would learn."""
+    names = {(t.get("function", t) or {}).get("name") for t in tools}
+    ids: set = set()
+    for i, m in enumerate(messages):
+        for c in m.tool_calls:
+            if tools and c.name not in names:
+                raise DataError(where, f"message {i} calls tool {c.name!r}, which the row's tools do not define "
+                                       f"({', '.join(sorted(map(str, names)))})")
+            if c.id is not None:
+                ids.add(c.id)
+        if m.role == "tool" and m.tool_call_id is not None and m.tool_call_id not in ids:
+            raise DataError(where, f"message {i} is the result of tool call {m.tool_call_id!r}, which no earlier "
+                                   "assistant message made")
 
 
 def openai_conversation(sample: dict, where: str) -> tuple[list[Message], list[MediaRef], list[dict]]:
@@ -212,7 +233,9 @@ def openai_conversation(sample: dict, where: str) -> tuple[list[Message], list[M
         messages.append(Message(role, merge_text(parts), reasoning=reasoning, train=_weight(m, role, where, what),
                                 tool_calls=calls, tool_call_id=call_id))
     check_members_used(sample, members, where)
-    return messages, media, tools_of(obj, where)
+    tools = tools_of(obj, where)
+    check_tool_use(messages, tools, where)
+    return messages, media, tools
 
 
 @register("openai_messages", CONVERSATION_SUBFLAVORS, schema=SCHEMA)
