@@ -82,7 +82,7 @@ class MediaError(ValueError):
 CODES = ("invalid_sample", "invalid_json", "invalid_utf8", "json_too_deep", "lone_surrogate", "nul_character",
          "unknown_role", "empty_assistant", "no_assistant",
          "empty_conversation", "media_reference", "missing_media", "path_escape", "path_too_long", "reserved_tag",
-         "tokenization",
+         "tokenization", "template_drops",
          "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large",
          "unsupported_media", "other")
 

@@ -192,6 +192,32 @@ def tool_tokenizer_dir(tmp_path_factory):
     return folder
 
 
+#: a ChatML template with no tools branch: it renders role and content only
+PLAIN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_what_a_template_does_not_render_is_an_error(tmp_path):
+    """The new user's case: ``prompt_format: tokenizer`` with a template that has no tools branch
+    dropped the tools and the calls and trained the call-only turn as an empty one. Each thing the
+    template leaves out is named (``template_drops``); a conversation it renders whole passes."""
+    folder = tmp_path / "tok"
+    shutil.copytree(DEMO_TOKENIZER, folder)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (folder / name).unlink(missing_ok=True)
+    (folder / "chat_template.jinja").write_text(PLAIN_TEMPLATE)
+    t = ConversationTokenizer(folder, "tokenizer")
+    msgs = [Message("user", ["Weather?"]), Message("assistant", [""], tool_calls=[ToolCall("get_weather", {}, "c1")]),
+            Message("tool", ['{"temp": 21}'], tool_call_id="c1"), Message("assistant", ["21C."], reasoning="hot")]
+    with pytest.raises(DataError) as err:
+        t.encode([msgs], "k", tools=[WEATHER])
+    assert err.value.code == "template_drops" and str(err.value).startswith(
+        "k: the tokenizer's chat template does not render the tool definitions (get_weather); the tool calls of "
+        "message 1; the reasoning of message 3: it would be lost")
+    [(tokens, trained)] = t.encode([[Message("user", ["q"]), Message("assistant", ["a"])]], "k")
+    assert trained.any()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(case=tool_conversations())

@@ -299,6 +299,15 @@ class TokenizerTemplateFormat(PromptFormat):
 
     def render(self, messages: list[Message], key: str, tools: Sequence[dict] = ()) -> Rendered:
         dicts = self.as_dicts(messages)
+        rendered = self._render_spans(messages, dicts, key, tools)
+        lost = dropped_content(messages, tools, rendered.text)
+        if lost:
+            raise DataError(key, f"the tokenizer's chat template does not render {'; '.join(lost)}: it would be lost "
+                                 "from the training text (a template without that branch); use a template that "
+                                 "renders it, or a named prompt format (nemotron6, nemotron-h)", "template_drops")
+        return rendered
+
+    def _render_spans(self, messages: list[Message], dicts: list[dict], key: str, tools: Sequence[dict]) -> Rendered:
         if self.has_markers:
             text, spans = self._render(dicts, False, True, tools)
             spans = [tuple(s) for s in spans]
@@ -322,6 +331,33 @@ class TokenizerTemplateFormat(PromptFormat):
                                      "conversation, so its span cannot be derived; add {% generation %} markers", "tokenization")
             spans.append((len(head), len(upto)))
         return Rendered(text, spans)
+
+
+def _shown(text: str, rendered: str) -> bool:
+    """Whether ``text`` (stripped) is in ``rendered`` as it is or JSON-escaped (``| tojson``)."""
+    import json
+
+    core = text.strip()
+    return not core or core in rendered or json.dumps(core)[1:-1] in rendered
+
+
+def dropped_content(messages: Sequence[Message], tools: Sequence[dict], rendered: str) -> list[str]:
+    """What of a conversation a chat template left out of ``rendered``: the names of tool
+    definitions and tool calls, tool results, reasoning (each named by its message); empty when all
+    is there. A text counts as rendered when it appears stripped (or JSON-escaped)."""
+    lost = []
+    names = [(t.get("function", t) or {}).get("name", "") for t in tools]
+    missing = [n for n in names if n and n not in rendered]
+    if missing:
+        lost.append(f"the tool definitions ({', '.join(missing)})")
+    for i, m in enumerate(messages):
+        if any(c.name not in rendered for c in m.tool_calls):
+            lost.append(f"the tool calls of message {i}")
+        if m.role == "tool" and not _shown(m.text, rendered):
+            lost.append(f"the tool result of message {i}")
+        if m.reasoning and not _shown(m.reasoning, rendered):
+            lost.append(f"the reasoning of message {i}")
+    return lost
 
 
 def get_prompt_format(name: str, tokenizer: Any, **format_options: Any) -> PromptFormat:
