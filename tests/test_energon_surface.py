@@ -50,7 +50,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, DatasetHook, 
                                        read_leaf_sample, reader_jsonl, reader_location, reader_position,
                                        sample_index, sample_refs, savable_fields, saved_class, saved_inner,
                                        saved_leaf_epoch, saved_leaf_slices, saves, set_default_failure_tolerance,
-                                       stage_error_context, stage_failure_tolerance, store_entry_names,
+                                       stage_error_context, stage_failure_tolerance, store_entry_names, entry_size,
                                        store_kind, store_local_base, webdataset_entry, worker_dataset_state,
                                        worker_root, worker_sample_counters, wrap_leaf_readers)
 from energon_nemotron.demo.conversations import make_conversations
@@ -779,6 +779,10 @@ def test_files_and_aux_sources(data):
     assert info.shard_name == "parts/data-2.tar" and info.index == "a-00013.json"
     assert webdataset_entry(shards, "a-99999.json") is None and webdataset_entry(shards, "no_member") is None
     assert store_entry_names(shards) == [f"{k}.json" for k in data.keys_a] and store_entry_names(media) is None
+    # sizes without reading: the index's part size, the file system's
+    assert entry_size(shards, "a-00003.json") == len(shards.get("a-00003.json"))
+    assert entry_size(media, "pics/a.jpg") == (data.root / "media" / "pics" / "a.jpg").stat().st_size
+    assert entry_size(shards, "a-99999.json") is None and entry_size(media, "pics/none.jpg") is None
     sample = {"__sources__": (info,)}
     add_source_info(sample, filesystem_entry(media, "pics/a.jpg"))
     assert sample["__sources__"] == (info, filesystem_entry(media, "pics/a.jpg"))
@@ -822,7 +826,7 @@ EXERCISED = {
     "test_dss_paths_resolve_under_the_nvdataset_cache_dir": ["set_nvdataset_cache_dir"],
     "test_files_and_aux_sources": ["load_yaml", "store_kind", "store_local_base", "webdataset_entry",
                                    "filesystem_entry", "store_entry_names", "add_source_info",
-                                   "indexed_sample_key"],
+                                   "indexed_sample_key", "entry_size"],
 }
 
 

@@ -348,3 +348,20 @@ def test_bad_aux_sources_are_named_at_start(tmp_path):
     assert "aux source 'b' ('noindex'): " in text and "aux source 'c' ('garbage'): " in text
     assert "is not an SQLite index (damaged)" in text and "aux source 'd' ('filesystem://nowhere'): the folder" in text
     assert "'e'" not in text and "'f'" not in text
+
+
+def test_an_oversized_aux_entry_is_refused_before_it_is_read(aux_corpus, tmp_path):
+    """``max_media_bytes`` applies to an aux entry from the source's own size (index or file
+    system) before its bytes are read (a 1 GiB entry used to be read whole first)."""
+    from energon_nemotron.errors import MediaError
+    from energon_nemotron.media.handlers import read_payload
+
+    store = CountingStore(EPath(aux_corpus / "media"))
+    with media_scope(aux={"media": store}):
+        ref = COOKERS.get("general_conversations")(jsonl_sample(chat("pics/a.jpg"), tmp_path), media=store).media[0]
+    size = (aux_corpus / "media" / "pics" / "a.jpg").stat().st_size
+    CountingStore.reads = 0
+    with pytest.raises(MediaError, match=rf"{size} bytes, over max_media_bytes {size - 1}") as err:
+        read_payload(ref, max_bytes=size - 1)
+    assert err.value.code == "media_too_large" and CountingStore.reads == 0
+    assert len(read_payload(ref, max_bytes=size)) == size and CountingStore.reads == 1

@@ -53,6 +53,27 @@ def webdataset_entry(store: Any, key: str) -> Optional[SourceInfo]:
                       file_names=(key,))
 
 
+def entry_size(store: Any, key: str) -> Optional[int]:
+    """The byte size of entry ``key`` of an aux source, without reading it: a prepared dataset's
+    from its index (sample part table), a local folder's from the file system; None when unknown
+    (a remote folder, an index without parts, no such entry)."""
+    kind = store_kind(store)
+    if kind == "webdataset" and store.db_has_sample_parts:
+        m = split_name_re.match(key)
+        if not m:
+            return None
+        try:
+            return int(store.sqlite_reader.get_sample_part(m.group(1), m.group(2)).raw_byte_size)
+        except KeyError:
+            return None
+    if kind == "filesystem" and store.base_dir.is_local():
+        try:
+            return os.path.getsize(store.base_dir.local_path() / key)
+        except OSError:
+            return None
+    return None
+
+
 def filesystem_entry(store: Any, key: str) -> SourceInfo:
     """The source info a folder aux source records for entry ``key``."""
     return SourceInfo(dataset_path=store.base_dir, index=key, shard_name=str(store.base_dir), file_names=(key,))

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from energon_nemotron._energon import (add_source_info, filesystem_entry, store_entry_names, store_kind,
-                                      store_local_base, webdataset_entry)
+from energon_nemotron._energon import (add_source_info, entry_size, filesystem_entry, store_entry_names,
+                                      store_kind, store_local_base, webdataset_entry)
 from energon_nemotron.errors import ConfigError, DataError, MediaError
 from energon_nemotron.types import MediaRef
 
@@ -147,6 +147,11 @@ class AuxMedia:
 
     def __init__(self, store: Any, key: str, source: str) -> None:
         self.store, self.key, self.source = store, key, source
+
+    def size(self) -> Optional[int]:
+        """The entry's byte size from the source's index or file system, without reading it (None:
+        unknown)."""
+        return entry_size(self.store, self.key)
 
     def get(self) -> bytes:
         try:

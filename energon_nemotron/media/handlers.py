@@ -82,6 +82,10 @@ def read_payload(ref: MediaRef, max_bytes: Optional[int] = None) -> bytes | str 
     """The item's bytes or file path (an object with ``.get()``, e.g. an Energon ``Lazy``, is
     resolved); larger than ``max_bytes`` is a ``MediaError`` before anything is decoded."""
     payload = ref.payload
+    known = payload.size() if hasattr(payload, "size") and callable(payload.size) else None
+    if max_bytes is not None and known is not None and known > max_bytes:      # an aux entry: before reading it
+        raise MediaError(f"{ref.modality} {ref.name}: {known} bytes, over max_media_bytes {max_bytes}",
+                         code="media_too_large")
     if hasattr(payload, "get") and not isinstance(payload, (bytes, dict)):
         payload = payload.get()
     if isinstance(payload, (bytes, bytearray, memoryview)):
