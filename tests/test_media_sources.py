@@ -365,3 +365,23 @@ def test_an_oversized_aux_entry_is_refused_before_it_is_read(aux_corpus, tmp_pat
         read_payload(ref, max_bytes=size - 1)
     assert err.value.code == "media_too_large" and CountingStore.reads == 0
     assert len(read_payload(ref, max_bytes=size)) == size and CountingStore.reads == 1
+
+
+def test_cooker_metadata_is_checked_field_by_field(aux_corpus):
+    """Media metadata a cooker hands over (a fragment's ``metadata``): a video without
+    ``num_frames`` is planned from ``duration * fps`` (it was refused); a field that is not a
+    positive number is a MediaError naming it (it was counted ``other``)."""
+    from energon_nemotron.errors import MediaError
+    from energon_nemotron.types import MediaRef
+
+    media = build_task_encoder(config({"train": {"path": str(aux_corpus / "mix.yaml")}}, 0)).media
+    video = {"width": 320, "height": 240, "duration": 2.5, "fps": 8.0}
+    planned = media.plan(MediaRef("video", b"never read", video, name="v.mp4"), 0)
+    assert planned.plan.num_source_frames == 20 and planned.num_tokens > 0
+    for bad, field in (({**video, "width": "abc"}, "width"), ({**video, "fps": float("nan")}, "fps"),
+                       ({**video, "num_frames": 0}, "num_frames")):
+        with pytest.raises(MediaError, match=rf"video metadata {field}: .* is not a positive") as err:
+            media.plan(MediaRef("video", b"", bad, name="v.mp4"), 0)
+        assert err.value.code == "invalid_sample"
+    with pytest.raises(MediaError, match=r"image metadata width: 'abc' is not a positive whole number"):
+        media.plan(MediaRef("image", b"", {"width": "abc", "height": 4}, name="i.png"), 0)

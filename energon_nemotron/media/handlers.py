@@ -25,6 +25,7 @@ frame (``"<video key>:<distinct frame>"``), so repeated frames and the same vide
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -76,6 +77,32 @@ class PlannedMedia:
         if self.modality == "video":
             return MediaSpan(**common, frames=p.num_frames, grid=(p.grid_h, p.grid_w))
         return MediaSpan(**common, clips=p.num_clips)
+
+
+def metadata_number(metadata: dict, name: str, kind: str, whole: bool = True) -> Any:
+    """``metadata[name]`` when it is a positive finite number (``whole``: an integer value, returned
+    as ``int``); else a ``MediaError`` naming the field and the value (reason ``invalid_sample``)."""
+    value = metadata.get(name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (whole and not float(value).is_integer()):
+        raise MediaError(f"{kind} metadata {name}: {value!r} is not a positive {'whole ' if whole else ''}number",
+                         code="invalid_sample")
+    return int(value) if whole else float(value)
+
+
+def given_video_metadata(metadata: dict) -> dict:
+    """A cooker's video metadata, checked field by field; without ``num_frames`` the count is
+    ``round(duration * fps)`` (as read from a header that records none)."""
+    out = dict(metadata)
+    for name in ("width", "height"):
+        out[name] = metadata_number(metadata, name, "video")
+    for name in ("duration", "fps"):
+        out[name] = metadata_number(metadata, name, "video", whole=False)
+    if metadata.get("num_frames") is None:
+        out["num_frames"] = max(1, round(out["duration"] * out["fps"]))
+    else:
+        out["num_frames"] = metadata_number(metadata, "num_frames", "video")
+    return out
 
 
 def read_payload(ref: MediaRef, max_bytes: Optional[int] = None) -> bytes | str | os.PathLike:
@@ -183,7 +210,7 @@ class MediaHandlers:
 
             md = ref.metadata
             if "width" in md and "height" in md:
-                width, height = int(md["width"]), int(md["height"])
+                width, height = (metadata_number(md, k, "image") for k in ("width", "height"))
             else:
                 width, height = image_header_size(read_payload(ref, self.max_bytes))
             plan = plan_image(width, height, self.image_options)
@@ -193,7 +220,8 @@ class MediaHandlers:
         if ref.modality == "video":
             from energon_nemotron.media.video import plan_video, video_metadata, video_prompt
 
-            md = ref.metadata if {"width", "height", "duration", "fps"} <= set(ref.metadata) else video_metadata(read_payload(ref, self.max_bytes))
+            md = given_video_metadata(ref.metadata) if {"width", "height", "duration", "fps"} <= set(ref.metadata) \
+                else video_metadata(read_payload(ref, self.max_bytes))
             plan = plan_video(md, self.video_options)
             prompt = video_prompt(plan)
             pieces = self.text.encode_many([VIDEO_INTRO] + [text for text, _ in prompt] + ["\n"])
