@@ -50,7 +50,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, DatasetHook, 
                                        read_leaf_sample, reader_jsonl, reader_location, reader_position,
                                        sample_index, sample_refs, savable_fields, saved_class, saved_inner,
                                        saved_leaf_epoch, saved_leaf_slices, saves, set_default_failure_tolerance,
-                                       stage_error_context, stage_failure_tolerance, store_entry_names, entry_size,
+                                       stage_error_context, stage_failure_tolerance, store_entry_names, entry_size, index_file,
                                        store_kind, store_local_base, webdataset_entry, worker_dataset_state,
                                        worker_root, worker_sample_counters, wrap_leaf_readers)
 from energon_nemotron.demo.conversations import make_conversations
@@ -786,6 +786,7 @@ def test_files_and_aux_sources(data):
     sample = {"__sources__": (info,)}
     add_source_info(sample, filesystem_entry(media, "pics/a.jpg"))
     assert sample["__sources__"] == (info, filesystem_entry(media, "pics/a.jpg"))
+    assert index_file(meta).read_bytes().startswith(b"SQLite format 3\x00")      # energon prepare's index
     # index.sqlite: the position-th sample of shard number k (in .info order)
     assert [indexed_sample_key(meta, shard, pos) for shard, pos in ((0, 0), (2, 1), (3, 1))] \
         == [data.keys_a[0], data.keys_a[13], data.keys_a[19]]
@@ -826,7 +827,7 @@ EXERCISED = {
     "test_dss_paths_resolve_under_the_nvdataset_cache_dir": ["set_nvdataset_cache_dir"],
     "test_files_and_aux_sources": ["load_yaml", "store_kind", "store_local_base", "webdataset_entry",
                                    "filesystem_entry", "store_entry_names", "add_source_info",
-                                   "indexed_sample_key", "entry_size"],
+                                   "indexed_sample_key", "entry_size", "index_file"],
 }
 
 

@@ -14,7 +14,7 @@ lists them. The supported Energon versions are checked when this package is impo
 from __future__ import annotations
 
 from energon_nemotron._energon.compat import SUPPORTED, check_version
-from energon_nemotron._energon.files import (add_source_info, entry_size, filesystem_entry, indexed_sample_key, load_yaml,
+from energon_nemotron._energon.files import (add_source_info, entry_size, filesystem_entry, index_file, indexed_sample_key, load_yaml,
                                              set_nvdataset_cache_dir, store_entry_names, store_kind, store_local_base,
                                              webdataset_entry)
 from energon_nemotron._energon.patches import guard_jsonl_lines, quiet_error_prints
@@ -38,7 +38,7 @@ __all__ = ["SUPPORTED", "check_version",
            # behaviours adjusted from outside
            "quiet_error_prints", "guard_jsonl_lines",
            # files and aux sources
-           "load_yaml", "store_kind", "store_local_base", "webdataset_entry", "entry_size", "filesystem_entry", "store_entry_names",
+           "load_yaml", "store_kind", "store_local_base", "webdataset_entry", "entry_size", "index_file", "filesystem_entry", "store_entry_names",
            "add_source_info", "indexed_sample_key", "set_nvdataset_cache_dir",
            # the dataset tree, its leaves and restore keys
            "LEAF", "SELECTORS", "inner_datasets", "is_leaf", "leaf_readers", "wrap_leaf_readers", "leaf_size",

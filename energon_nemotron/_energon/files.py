@@ -91,13 +91,19 @@ def add_source_info(sample: Any, info: SourceInfo) -> None:
     _add_source_info(sample, info)
 
 
+def index_file(meta: Path) -> Path:
+    """The sample index ``energon prepare`` writes in a prepared dataset's metadata folder ``meta``
+    (an SQLite database)."""
+    return meta / "index.sqlite"
+
+
 def indexed_sample_key(meta: Path, shard: int, position: int) -> Optional[str]:
     """The key of the ``position``-th sample of shard number ``shard`` (in ``.info`` order) of a
     prepared dataset, from the ``index.sqlite`` that ``energon prepare`` writes in its metadata
     folder ``meta`` (None when it has no such sample); raises what sqlite raises."""
     import sqlite3
 
-    uri = (meta / "index.sqlite").resolve().as_uri() + "?mode=ro"
+    uri = index_file(meta).resolve().as_uri() + "?mode=ro"
     with sqlite3.connect(uri, uri=True) as db:
         row = db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
                          (shard, position)).fetchone()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from energon_nemotron._energon import index_file
 from energon_nemotron.guards.energon_files import META, info_file, load_yaml_file, split_file, unprepared
 
 BLENDS = ("blend", "blend_epochized", "datasets")   # V2 blends; V1 ``datasets``
@@ -209,13 +210,13 @@ def aux_problems(path: Path, aux: Any) -> list[str]:
         if "://" in source:
             continue
         folder = Path(source) if Path(source).is_absolute() else path.parent / source
-        index = folder / META / "index.sqlite"
+        index = index_file(folder / META)
         try:
             with open(index, "rb") as f:
                 header = f.read(len(SQLITE_HEADER))
         except OSError:
             kind = "not a prepared dataset" if folder.is_dir() else "does not exist"
-            out.append(f"{where}: {folder} {kind} (no {META}/index.sqlite): run `energon prepare` on it, or name "
+            out.append(f"{where}: {folder} {kind} (no {META}/{index.name}): run `energon prepare` on it, or name "
                        "a plain folder as filesystem://FOLDER")
             continue
         if header != SQLITE_HEADER:
