@@ -232,6 +232,12 @@ def test_audio_conversation_jsonl_through_the_loader(tmp_path, demo_tokenizer):
     energon("prepare", str(folder / "chat.jsonl"))
     cfg = loader_yaml(folder / "l.yaml", {"path": "chat.jsonl"}, packing=PACKING, seq_length=2048,
                       prompt_format="nemotron-h", extra_options=SMALL_MEDIA, default_cooker=AUDIO)
+    keys, visual, audio = read_epoch(cfg, demo_tokenizer)
+    assert (len(keys), visual, audio) == (3, 6, 3)        # per row: an image and a video, one audio
+
+
+def read_epoch(cfg, demo_tokenizer) -> tuple[list, int, int]:
+    """(sample keys, visual items, audio items) of one epoch, each batch checked (``check_batch``)."""
     vocab = demo_tokenizer.get_vocab()
     visual = audio = 0
     keys = []
@@ -239,7 +245,7 @@ def test_audio_conversation_jsonl_through_the_loader(tmp_path, demo_tokenizer):
         v, a = check_batch(batch, vocab)
         visual, audio = visual + v, audio + a
         keys += [k for row in batch.sample_keys for k in row]
-    assert (len(keys), visual, audio) == (3, 6, 3)        # per row: an image and a video, one audio
+    return keys, visual, audio
 
 
 def test_omcat_webdataset_through_the_loader(tmp_path, demo_tokenizer):
@@ -252,11 +258,5 @@ def test_omcat_webdataset_through_the_loader(tmp_path, demo_tokenizer):
     prepare(tmp_path / "ds", {"cooker": OMCAT})
     cfg = loader_yaml(tmp_path / "l.yaml", {"path": "ds"}, packing=PACKING, seq_length=2048,
                       prompt_format="nemotron-h", extra_options=SMALL_MEDIA)
-    vocab = demo_tokenizer.get_vocab()
-    visual = audio = 0
-    keys = []
-    for batch in build_train_loader(cfg, repeat=False):
-        v, a = check_batch(batch, vocab)
-        visual, audio = visual + v, audio + a
-        keys += [k for row in batch.sample_keys for k in row]
+    keys, visual, audio = read_epoch(cfg, demo_tokenizer)
     assert sorted(keys) == ["omcat-0", "omcat-1", "omcat-img"] and (visual, audio) == (1, 2)

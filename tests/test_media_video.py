@@ -414,3 +414,19 @@ def test_decord_code_path_with_stand_in(monkeypatch):
                      VideoOptions(fps=10, min_frames=1))
     with pytest.raises(MediaError, match="metadata disagrees"):
         process_video(data, far, VideoOptions(backend="decord"))
+
+
+def test_a_file_that_is_no_video_is_reported_as_unreadable():
+    """PyAV's InvalidDataError is a ValueError: it used to be reported as an "unsupported video
+    display matrix"; now the display-matrix message is kept for the matrix check alone."""
+    from energon_nemotron.errors import MediaError
+    from energon_nemotron.media.video import video_metadata
+
+    empty = io.BytesIO()                                 # an mp4 with a video stream and no frame
+    with av.open(empty, "w", format="mp4") as c:
+        s = c.add_stream("mpeg4", rate=8)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+    for data in (b"this is not a video at all" * 10, empty.getvalue()):
+        with pytest.raises(MediaError, match=r"^unreadable video: InvalidDataError") as err:
+            video_metadata(data)
+        assert "display matrix" not in str(err.value)

@@ -176,11 +176,12 @@ def video_metadata(data: VideoSource) -> dict:
             elif not duration and container.duration:
                 duration = container.duration / av.time_base
             frames = int(s.frames or 0)
-            rotation = video_rotation(s, header_only=True)
+            try:
+                rotation = video_rotation(s, header_only=True)
+            except ValueError as e:          # only the display matrix's own check (PyAV's errors are ValueErrors too)
+                raise MediaError(f"unsupported video display matrix: {e}") from e
     except MediaError:
         raise
-    except ValueError as e:
-        raise MediaError(f"unsupported video display matrix: {e}") from e
     except Exception as e:  # PyAV raises FFmpegError subclasses, OSError, ValueError, ...
         raise MediaError(f"unreadable video: {type(e).__name__}: {e}") from e
     fps = float(rate) if rate else (frames / duration if frames and duration else 0.0)
