@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="energon-nemotron", description=__doc__)
     p.add_argument("--debug", action="store_true",
                    help="on an error, print its full traceback (a loader worker's too) before the message")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show Energon's own lines: each worker's shard ranges and its buffer-filling bar")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("pack-megatron", help="pack raw conversations into Megatron-LM offline-packed rows")
@@ -225,6 +227,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Energon's loaders always request pinned memory; without an accelerator torch warns about it
     warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        import os
+
+        from energon_nemotron.loading.loader import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
     try:
         code = args.func(args)
         sys.stdout.flush()              # inside the try: a reader that went away is handled below

@@ -46,7 +46,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, DatasetHook, 
                                        inner_datasets, is_leaf, is_loader_state, is_no_cooker_error,
                                        is_weighted_blend_error, is_worker_checkpoint, is_wrapper, leaf_epoch,
                                        leaf_readers, leaf_shuffle_over_epochs, leaf_size, leaf_worker_slices,
-                                       load_yaml, names_samples, quiet_error_prints, raw_sample_key, set_nvdataset_cache_dir,
+                                       load_yaml, names_samples, quiet_error_prints, quiet_progress, raw_sample_key, set_nvdataset_cache_dir,
                                        read_leaf_sample, reader_jsonl, reader_location, reader_position,
                                        sample_index, sample_refs, savable_fields, saved_class, saved_inner,
                                        saved_leaf_epoch, saved_leaf_slices, saves, set_default_failure_tolerance,
@@ -616,6 +616,35 @@ def test_quiet_error_prints(monkeypatch, capsys):
     assert capsys.readouterr().out.splitlines() == ["another line of Energon's", "Except this one: not Energon's"]
 
 
+def test_quiet_progress_drops_the_shard_lines_and_the_buffer_bar(tmp_path, capsys, monkeypatch):
+    """The quiet default: no ``rank=0, worker=0: sample_range=...`` line and no ``Filling reading
+    buffer`` bar; ``quiet_progress(False)`` (the loader's with ENERGON_NEMOTRON_VERBOSE=1, the
+    command line's ``--verbose``) shows both again."""
+    import megatron.energon.flavors.webdataset.base_webdataset as base
+
+    from energon_nemotron.loading import build_train_loader
+    from energon_nemotron.loading.loader import VERBOSE_ENV
+
+    rows = tmp_path / "rows.jsonl"                       # JSONL datasets print the shard line always
+    rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                                     {"role": "assistant", "content": f"a{i}"}]}) + "\n"
+                            for i in range(6)))
+    energon("prepare", str(rows))
+    cfg = text_config(rows, workers=0, packing={"algorithm": "first_fit_decreasing", "buffer_size": 4})
+    cfg["data"]["default_cooker"] = "openai_messages"
+    try:
+        for verbose in (True, False, False):            # a second quiet call changes nothing
+            monkeypatch.setenv(VERBOSE_ENV, "1" if verbose else "0")
+            next(iter(build_train_loader(cfg, repeat=False)))
+            captured = capsys.readouterr()
+            assert ("sample_range=" in captured.out, "Filling reading buffer" in captured.err) == (verbose, verbose)
+            assert (base.print is builtins.print) is verbose
+        quiet_progress(False)
+        assert base.print is builtins.print
+    finally:
+        quiet_progress(True)
+
+
 def test_dataset_hook_sees_each_dataset_once(data):
     calls = []
 
@@ -819,6 +848,7 @@ EXERCISED = {
     "test_stage_failure_tolerance": ["stage_failure_tolerance", "set_default_failure_tolerance"],
     "test_stage_error_context_hands_errors_to_the_handler": ["stage_error_context"],
     "test_quiet_error_prints": ["quiet_error_prints", "stage_error_context"],
+    "test_quiet_progress_drops_the_shard_lines_and_the_buffer_bar": ["quiet_progress"],
     "test_dataset_hook_sees_each_dataset_once": ["DatasetHook", "basic_loader"],
     "test_build_errors_are_recognised_from_energon": ["is_weighted_blend_error", "is_no_cooker_error"],
     "test_saves_declares_what_energon_saves_and_restores": ["saves", "WrapperDataset", "savable_fields"],

@@ -1,4 +1,5 @@
-"""Two behaviours of Energon adjusted from outside: its error prints, and the parsing of JSONL lines."""
+"""Behaviours of Energon adjusted from outside: its error prints, its per-worker shard lines and
+buffer-filling bars (the quiet default), and the parsing of JSONL lines."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import builtins
 from typing import Any, Callable
 
 import megatron.energon.errors as _errors
+import megatron.energon.flavors.webdataset.base_webdataset as _base_webdataset
+from megatron.energon.wrappers.packing_dataset import PackingDataset
 from megatron.energon.flavors.jsonl.crude_jsonl_dataset import DefaultCrudeJsonlDatasetFactory
 
 
@@ -23,6 +26,40 @@ def quiet_error_prints() -> None:
     ``on_error: skip`` with every sample failing they were megabytes per second of output, and this
     library's error policy counts and reports each skip. Other prints pass; idempotent."""
     _errors.print = _filtered_print
+
+
+def _shard_line_print(*args: Any, **kwargs: Any) -> None:
+    first = args[0] if args else None
+    if isinstance(first, str) and first.startswith("rank=") and "sample_range=" in first:
+        return
+    builtins.print(*args, **kwargs)
+
+
+_QUIET_MARK = "_energon_nemotron_quiet"
+
+
+def quiet_progress(quiet: bool = True) -> None:
+    """The quiet default: drop the line Energon prints per worker and dataset at start (``rank=0,
+    worker=0: sample_range=[...] ...``, from ``_print_shard_slices`` of
+    ``flavors.webdataset.base_webdataset``, which JSONL datasets call too) and its ``Filling
+    reading buffer`` progress bar at the first pack (``PackingDataset._fill_reading_buffer``'s
+    ``log_progress``). ``quiet=False`` puts both back (the command line's ``--verbose``)."""
+    _base_webdataset.print = _shard_line_print if quiet else builtins.print
+    current = PackingDataset._fill_reading_buffer
+    original = getattr(current, "__wrapped__", current)
+    if not quiet:
+        PackingDataset._fill_reading_buffer = original
+        return
+    if getattr(current, _QUIET_MARK, False):
+        return
+
+    def _fill_reading_buffer(self, source_iter, log_progress: bool = False):
+        return original(self, source_iter, log_progress=False)
+
+    setattr(_fill_reading_buffer, _QUIET_MARK, True)
+    _fill_reading_buffer.__wrapped__ = original
+    _fill_reading_buffer.__doc__ = original.__doc__
+    PackingDataset._fill_reading_buffer = _fill_reading_buffer
 
 
 _GUARD_MARK = "_energon_nemotron_line_check"

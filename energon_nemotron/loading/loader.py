@@ -17,13 +17,14 @@ dropped and counted by reason in ``PackedBatch.skipped``). ``Loader.state_dict()
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 from pydantic import ValidationError
 
-from energon_nemotron._energon import is_no_cooker_error, is_weighted_blend_error
+from energon_nemotron._energon import is_no_cooker_error, is_weighted_blend_error, quiet_progress
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, format_validation_error, load_config
 from energon_nemotron.encoders.outputs import PACKED_BATCH
 from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
@@ -43,6 +44,10 @@ from energon_nemotron.resume.fingerprint import check_fingerprint, fingerprint
 from energon_nemotron.resume.worker_checkpoints import settle, start_point
 
 ConfigLike = Union[LoaderConfig, str, Path, dict]
+
+
+#: set to 1 (the command line's --verbose) to keep Energon's per-worker shard lines and buffer bars
+VERBOSE_ENV = "ENERGON_NEMOTRON_VERBOSE"
 
 
 def as_config(config: ConfigLike) -> LoaderConfig:
@@ -105,6 +110,8 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                     counters: EncoderCounters) -> Iterable:
     from megatron.energon import get_savable_loader, get_train_dataset, get_val_dataset
 
+    # Energon's per-worker shard lines and buffer bars only with ENERGON_NEMOTRON_VERBOSE=1 (--verbose)
+    quiet_progress(os.environ.get(VERBOSE_ENV) != "1")
     check_source(src.path, src.split, cfg.data)   # tree, subflavors, shards against indexes
     # skipping never turns into a fatal error (the skip limits stop a run that only skips)
     runtime = Runtime(counters, failure_tolerance=0 if cfg.loader.on_error == "skip" else None)
