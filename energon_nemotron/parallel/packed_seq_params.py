@@ -14,11 +14,32 @@ only for models without MTP).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Optional, Sequence
 
 import torch
 
 from energon_nemotron.batch import PackedBatch
+
+
+#: what importing megatron-core warns on a machine without its GPU kernels (twice, from its package
+#: imports): not about the data, so not shown
+MEGATRON_IMPORT_NOISE = (r".*Transformer Engine and Apex are not installed.*",
+                         r".*imports from `dynamic_context\.py` will be removed.*")
+
+
+def packed_seq_params_class() -> type:
+    """megatron-core's ``PackedSeqParams``, imported without its kernel-fallback warnings (the
+    ``megatron`` extra; ``ImportError`` saying so without it)."""
+    try:
+        with warnings.catch_warnings():
+            for message in MEGATRON_IMPORT_NOISE:
+                warnings.filterwarnings("ignore", message=message)
+            from megatron.core.packed_seq_params import PackedSeqParams
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError("to_packed_seq_params needs megatron-core: "
+                          "pip install 'energon-nemotron[megatron]'") from e
+    return PackedSeqParams
 
 
 def to_packed_seq_params(cu_seqlens: torch.Tensor | Sequence[int], max_seqlen: int,
@@ -41,11 +62,7 @@ def to_packed_seq_params(cu_seqlens: torch.Tensor | Sequence[int], max_seqlen: i
         cu_seqlens_q_padded=cu_seqlens_kv_padded=cu_seqlens_padded,
         max_seqlen_q=max_seqlen_kv=max_seqlen)``.
     """
-    try:
-        from megatron.core.packed_seq_params import PackedSeqParams
-    except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ImportError("to_packed_seq_params needs megatron-core: "
-                          "pip install 'energon-nemotron[megatron]'") from e
+    PackedSeqParams = packed_seq_params_class()
 
     def boundaries(x):
         t = torch.as_tensor(x).reshape(-1).to(torch.int32)
@@ -78,9 +95,7 @@ def packed_seq_params(batch: PackedBatch, i: int = 0, exact_lengths: bool = Fals
     boundaries of :func:`row_boundaries`. ``total_tokens`` (the row width; megatron-core derives
     the Mamba layers' ``seq_idx`` from it) is set when the installed megatron-core's
     ``PackedSeqParams`` has the field. Needs the ``megatron`` extra."""
-    from megatron.core.packed_seq_params import PackedSeqParams
-
-    if "total_tokens" in {f.name for f in dataclasses.fields(PackedSeqParams)}:
+    if "total_tokens" in {f.name for f in dataclasses.fields(packed_seq_params_class())}:
         kwargs.setdefault("total_tokens", batch.seq_length)
     cu, padded = row_boundaries(batch, i, exact_lengths)
     return to_packed_seq_params(cu, batch.max_seqlen[i], cu_seqlens_padded=padded, **kwargs)
