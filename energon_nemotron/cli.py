@@ -6,6 +6,7 @@ import argparse
 import itertools
 import json
 import sys
+import warnings
 from typing import Optional, Sequence
 
 from energon_nemotron.errors import ConfigError, original_message
@@ -221,8 +222,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_PYTHON_FORMAT = warnings.formatwarning
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """The library's own warnings as one line (``warning: ...``), without the source location;
+    every other warning as Python shows it."""
+    if category.__module__.startswith("energon_nemotron"):
+        return f"warning: {message}\n"
+    return _PYTHON_FORMAT(message, category, filename, lineno, line)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import warnings
+    warnings.formatwarning = _one_line_warning
 
     # Energon's loaders always request pinned memory; without an accelerator torch warns about it
     warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")

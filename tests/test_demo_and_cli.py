@@ -86,3 +86,20 @@ def test_a_data_error_is_one_message_and_the_traceback_is_behind_debug(tmp_path,
         in lines[0], lines[0]
     assert main(["--debug", "preview", str(tmp_path / "loader.yaml"), "--batches", "1"]) == 2
     assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_the_librarys_warnings_are_one_line(tmp_path):
+    """A library warning on the command line is one ``warning: ...`` line, without the library's
+    file path and source line (here the BufferOverDataWarning of a buffer over a tiny dataset)."""
+    import yaml
+
+    from energon_data import text_config, text_dataset
+
+    ds, _ = text_dataset(tmp_path / "ds", "openai_messages", n=4)
+    cfg = text_config(ds, workers=0, packing={"algorithm": "first_fit_decreasing", "buffer_size": 16})
+    (tmp_path / "loader.yaml").write_text(yaml.safe_dump(cfg))
+    res = run_cli("preview", str(tmp_path / "loader.yaml"), "--batches", "1")
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stderr.splitlines() if "packing.buffer_size 16" in line]
+    assert lines and all(line.startswith("warning: packing.buffer_size 16 is larger") for line in lines), res.stderr
+    assert "energon_nemotron/" not in res.stderr and "warnings.warn" not in res.stderr, res.stderr

@@ -97,7 +97,7 @@ def run_energon_demo(out: Path, progress: bool) -> bool:
           f"(cooker openai_messages), {out / 'asr_dataset'} (granary_asr) and {out / 'multimodal_dataset'} "
           f"(cooker general_conversations: text, images, video, audio; {ENERGON_SAMPLES} samples)")
     config = out / "loader.yaml"
-    packing = {"algorithm": "best_fit_decreasing", "buffer_size": 64, "pad_multiple": 8}
+    packing = {"algorithm": "best_fit_decreasing", "buffer_size": 32, "pad_multiple": 8}   # under the 60 samples
     config.write_text(yaml.safe_dump({
         "tokenizer": str(TOKENIZER_DIR),
         "task_encoder": {"name": "nemotron_multimodal",
