@@ -67,21 +67,24 @@ def _tagged_parts(text: str, queue: MediaQueue) -> list:
 
 
 def make_conversation(sample: dict, messages: list[Message], segments: list[int], where: str,
-                      media: list | None = None, tools: list | None = None) -> Conversation:
+                      media: list | None = None, tools: list | None = None,
+                      format_last_only: bool = False) -> Conversation:
     """The cooked sample: each segment checked (``check_messages``) and, with the subflavor
-    ``train_only_on_last_assistant_turn``, trained on its last assistant turn only; with
-    ``tool_response_as_turn_boundary`` too (NeMo-RL's ``nemotron6-moe`` rule), last-turn-only training
-    is left to the prompt format, which reads both."""
+    ``train_only_on_last_assistant_turn``, trained on its last assistant turn only. That is left to
+    the prompt format instead (``Conversation.last_only``; NeMo-RL's formats have their own rule)
+    with ``format_last_only`` (the NeMo-RL-named cookers) or with ``tool_response_as_turn_boundary``
+    (the format reads both)."""
     bounds = segments + [len(messages)]
     last_only = subflavor_flag(sample, "train_only_on_last_assistant_turn", where)
     boundary = subflavor_flag(sample, "tool_response_as_turn_boundary", where)
+    to_format = format_last_only or boundary
     for a, b in zip(bounds, bounds[1:]):
         check_messages(messages[a:b], where)
-        if last_only and not boundary:
+        if last_only and not to_format:
             apply_last_turn_only(messages[a:b])
     return Conversation(**basic_sample_keys(sample), messages=messages, media=list(media or []),
                         segments=segments, preformatted=subflavor_flag(sample, "skip_chat_template", where),
-                        tools=list(tools or []), last_only=last_only and boundary, tool_boundary=boundary)
+                        tools=list(tools or []), last_only=last_only and to_format, tool_boundary=boundary)
 
 
 @register("nemotron_conversation", {**CONVERSATION_SUBFLAVORS, "cook": str})   # NeMo-RL's blends select it by cook

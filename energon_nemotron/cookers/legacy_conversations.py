@@ -30,7 +30,7 @@ field no tag uses (NeMo-RL checks only the exact fields ``image``, ``video``, ``
 ``vis_sound`` counts, so a ``video-sound`` field in the first schema, which no tag reads, is an
 error), an alias field next to its canonical one (OMCAT), a media member of the sample no tag uses,
 and a member referenced twice. Subflavors: those of the other NeMo-RL-named cookers
-(``nemotron_general.NEMOTRON_SUBFLAVORS``), applied as they apply them (``nemotron_conversation``:
+(``nemotron_general.NEMOTRON_SUBFLAVORS``), applied as they apply them (``make_conversation(..., format_last_only=True)``:
 last-turn-only training and ``tool_response_as_turn_boundary`` left to the prompt format).
 """
 
@@ -42,9 +42,9 @@ from typing import Any, Callable, Optional
 from megatron.energon import stateless
 
 from energon_nemotron.cookers.base import field_list, payload, register, sample_where, text_of
-from energon_nemotron.cookers.conversations import check_members_used, merge_text
+from energon_nemotron.cookers.conversations import check_members_used, make_conversation, merge_text
 from energon_nemotron.cookers.media import media_ref
-from energon_nemotron.cookers.nemotron_general import NEMOTRON_SUBFLAVORS, nemotron_conversation
+from energon_nemotron.cookers.nemotron_general import NEMOTRON_SUBFLAVORS
 from energon_nemotron.errors import DataError
 from energon_nemotron.types import Conversation, MediaPart, MediaRef, Message
 
@@ -193,7 +193,7 @@ def cook_audio_conversation_jsonl(sample: dict, **aux) -> Conversation:
         raise DataError(where, f"field {unused[0]!r} is never referenced by a tag{hint}{more}: every media field "
                                "must be used", "media_reference")
     check_members_used(sample, media.members, where)
-    return nemotron_conversation(sample, messages, media.media, where)
+    return make_conversation(sample, messages, [0], where, media.media, format_last_only=True)
 
 
 def omcat_payload(obj: dict, where: str) -> dict:
@@ -251,4 +251,4 @@ def cook_omcat_legacy_conversation_monolithic(sample: dict, **aux) -> Conversati
         raise DataError(where, f"media field {unused[0]!r} is never referenced by a tag (nor a tag alias): every "
                                "media field must be used", "media_reference")
     check_members_used(sample, media.members, where)
-    return nemotron_conversation(sample, messages, media.media, where)
+    return make_conversation(sample, messages, [0], where, media.media, format_last_only=True)

@@ -13,9 +13,10 @@ Binding (which aux source holds a dataset's media), per dataset reference of a m
 ``media_source`` (NeMo-RL's convention: ``aux: {media_source: ...}``); else, for a path that starts
 with a prefix of ``subflavors.aux_data_prefixes`` (``{prefix: aux name}``, NeMo-RL's), that aux
 source, the prefix stripped; else the aux source named ``media``; else the dataset's only aux
-source; else none (paths resolve in the dataset folder and the media roots). A path is looked up in the bound source as named; when it is not there, by its
-file name (basename): exactly one entry of that name is used (counted as ``basename_fallback``),
-several are a ``missing_media`` error naming them. The bytes are read lazily through the source's
+source; else none (paths resolve in the dataset folder and the media roots). A path is looked up
+in the bound source as named; when it is not there, by its file name (basename): exactly one entry
+of that name is used (counted as ``basename_fallback``), several are a ``missing_media`` error
+naming them. The bytes are read lazily through the source's
 ``FileStore`` (:class:`AuxMedia`): when phase 1 needs a header and when phase 2 decodes.
 """
 

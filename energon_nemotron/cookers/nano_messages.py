@@ -30,7 +30,8 @@ from typing import Any
 from megatron.energon import stateless
 
 from energon_nemotron.cookers.base import field_list, payload, register, sample_where
-from energon_nemotron.cookers.nemotron_general import NEMOTRON_SUBFLAVORS, nemotron_conversation
+from energon_nemotron.cookers.conversations import make_conversation
+from energon_nemotron.cookers.nemotron_general import NEMOTRON_SUBFLAVORS
 from energon_nemotron.errors import DataError
 from energon_nemotron.types import Conversation, Message
 
@@ -135,7 +136,7 @@ def nano_conversation(sample: dict, packed: bool) -> Conversation:
                                    "system message (the _offline_packed_jsonl cooker starts a conversation at each)")
         segments.append(len(messages))
         messages += [Message(role, [text]) for role, text in normalised]
-    return nemotron_conversation(sample, messages, [], where, segments)
+    return make_conversation(sample, messages, segments, where, format_last_only=True)
 
 
 @register("nemotron_nano_openai_messages_jsonl", NEMOTRON_SUBFLAVORS, schema=SCHEMA, modalities=())

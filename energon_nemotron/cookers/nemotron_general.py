@@ -37,10 +37,10 @@ import posixpath
 import re
 from typing import Any, Optional
 
-from megatron.energon import basic_sample_keys, stateless
+from megatron.energon import stateless
 
-from energon_nemotron.cookers.base import check_messages, payload, register, sample_where, subflavor_flag, text_of
-from energon_nemotron.cookers.conversations import check_members_used
+from energon_nemotron.cookers.base import payload, register, sample_where, text_of
+from energon_nemotron.cookers.conversations import check_members_used, make_conversation
 from energon_nemotron.cookers.media import media_ref, path_media
 from energon_nemotron.errors import DataError
 from energon_nemotron.types import Conversation, MediaPart, MediaRef, Message
@@ -173,20 +173,6 @@ def general_messages(sample: dict, obj: dict, where: str, members: bool,
     return messages, media
 
 
-def nemotron_conversation(sample: dict, messages: list[Message], media: list[MediaRef], where: str,
-                          segments: Optional[list[int]] = None) -> Conversation:
-    """The cooked sample of a NeMo-RL-named cooker: each segment checked; last-turn-only training
-    and ``tool_response_as_turn_boundary`` left to the prompt format; ``skip_chat_template`` read."""
-    segments = segments or [0]
-    bounds = segments + [len(messages)]
-    for a, b in zip(bounds, bounds[1:]):
-        check_messages(messages[a:b], where)
-    return Conversation(**basic_sample_keys(sample), messages=messages, media=media, segments=segments,
-                        preformatted=subflavor_flag(sample, "skip_chat_template", where),
-                        last_only=subflavor_flag(sample, "train_only_on_last_assistant_turn", where),
-                        tool_boundary=subflavor_flag(sample, "tool_response_as_turn_boundary", where))
-
-
 def check_loss_subflavors(sample: dict, where: str, explicit: bool) -> None:
     """The loss-mask subflavors must agree with the cooker (see the module docstring)."""
     sub = sample.get("__subflavors__") or {}
@@ -229,7 +215,7 @@ def general_cook(sample: dict, members: bool, explicit: bool = False) -> Convers
     if explicit:
         check_explicit_loss(obj, where)
     messages, media = general_messages(sample, obj, where, members, loss=explicit)
-    return nemotron_conversation(sample, messages, media, where)
+    return make_conversation(sample, messages, [0], where, media, format_last_only=True)
 
 
 def granary_cook(sample: dict, members: bool) -> Conversation:
@@ -243,7 +229,7 @@ def granary_cook(sample: dict, members: bool) -> Conversation:
     rewritten = {"audio": obj["audio_filepath"], "conversations": [
         {"from": "user", "value": GRANARY_ENGLISH_PROMPT}, {"from": "assistant", "value": text}]}
     messages, media = general_messages(sample, rewritten, where, members)
-    return nemotron_conversation(sample, messages, media, where)
+    return make_conversation(sample, messages, [0], where, media, format_last_only=True)
 
 
 @register("nemotron_general_conversations_webdataset", NEMOTRON_SUBFLAVORS, schema=SCHEMA)

@@ -152,21 +152,29 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         self.worker_offset = 0
         self._num_rows: Optional[int] = None
         self.last_report: dict[str, Any] = {}
+        #: a whole pass has checked the files against the manifest's sha256 (later passes skip it)
+        self._verified = False
+
+    def _stream(self) -> Iterator[tuple[int, int, int, bytes]]:
+        """:func:`iter_rows` over the files; the manifest's sha256 are checked until one whole pass
+        has (the first, at start: ``num_rows`` or ``row_index``), not on every epoch's read."""
+        yield from iter_rows(self.files, None if self._verified else self.digests, str(self.manifest_path))
+        self._verified = True
 
     def num_rows(self) -> int:
         """Rows (non-blank lines) in the file(s); one streamed pass, cached."""
         if self._index is not None:
             return len(self.row_index())
         if self._num_rows is None:
-            self._num_rows = sum(1 for _ in iter_rows(self.files, self.digests, str(self.manifest_path)))
+            self._num_rows = sum(1 for _ in self._stream())
         return self._num_rows
 
     def row_index(self) -> RowIndex:
         """The rows' byte offsets (one streamed pass; cached, rebuilt if the file changed). Built
         before the workers start, they inherit it."""
         if self._index is None or self._index.stale():
-            self._index = RowIndex(self.files, self.digests, str(self.manifest_path))
-            self._num_rows = len(self._index)
+            self._index = RowIndex(self.files, self.digests, str(self.manifest_path))   # a (re)built index re-checks
+            self._num_rows, self._verified = len(self._index), True
         return self._index
 
     def _epoch_order(self, n: int):
@@ -213,7 +221,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
     def _file_order_items(self, first: int, step: int) -> Iterator[tuple[int, int, bytes, bool]]:
         """(file index, line number, raw line, is padding) of this worker's rows in file order,
         streamed, then its padding rows."""
-        for row, fi, line_no, raw in iter_rows(self.files, self.digests, str(self.manifest_path)):
+        for row, fi, line_no, raw in self._stream():
             if row >= first and (row - first) % step == 0:
                 yield fi, line_no, raw, False
         if self.validation:
@@ -275,7 +283,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
                 wanted[idx % n] = wanted.get(idx % n, 0) + 1
         if not wanted:
             return
-        for row, fi, line_no, raw in iter_rows(self.files, self.digests, str(self.manifest_path)):
+        for row, fi, line_no, raw in self._stream():
             for _ in range(wanted.get(row, 0)):
                 yield fi, line_no, raw
 
