@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -321,9 +322,55 @@ def test_cli_ray_on_its_own_one_cpu_cluster(corpus, tmp_path):
     assert "wrote one.jsonl.packed beside" in stdout and "skipped            0" in stdout
     assert "engine             ray; hash" in stdout and "count" in stdout and "write" in stdout
     assert out.read_bytes() == files_of(corpus["single"])["one.jsonl.packed"]
-    # Ray kept quiet: no progress bars, no Python logs; only Ray saying it read its (fatal) log level
+    # Ray kept quiet: no progress bars, no Python logs; only Ray saying it read its (fatal) log level,
+    # and, the input being small, the one-line hint that the local engine is faster here
+    size, blocks = sum(p.stat().st_size for p in corpus["paths"]), len(split_blocks(corpus["paths"], BLOCK))
+    hint = (f"warning: the input is small ({size / 2**20:.1f} MiB in {blocks} blocks, under 8 MiB): --engine local "
+            "is usually faster here; Ray pays for starting its actors")
     noise = [line for line in stderr.splitlines() if line.strip() and "Set ray log level" not in line]
-    assert noise == [], noise
+    assert noise == [hint], noise
+
+
+@needs_ray
+def test_ray_count_bar_leaves_the_actors_start_up_out(cluster, corpus):
+    """The counting bar's clock restarts once every actor has returned its first block (those
+    blocks' bytes left out of its rate and ETA); a small input ends the run with the hint."""
+    from itertools import combinations
+
+    from tqdm import tqdm
+
+    from energon_nemotron.megatron_packed.ray_engine import SmallInputWarning
+
+    blocks = split_blocks(corpus["paths"], BLOCK)
+    bar = tqdm(total=sum(b.size for b in blocks), file=io.StringIO(), mininterval=0)
+    opened = bar.start_t
+    with pytest.warns(SmallInputWarning, match=r"the input is small \(0\.\d MiB in \d+ blocks, under 8 MiB\)"):
+        with RayEngine() as engine:
+            counted = engine.count(blocks, encoder(), "raise", bar)
+            assert engine.workers == 2 and engine.hint
+        assert engine.hint is None
+    assert counted.costs.tolist() == count_local(blocks, encoder()).costs.tolist()
+    assert bar.n == bar.total and bar.start_t > opened
+    assert bar.initial in {a.size + b.size for a, b in combinations(blocks, 2)}      # the first round: 2 actors
+    bar.close()
+
+
+def test_restart_clock_leaves_the_units_before_out():
+    from tqdm import tqdm
+
+    from energon_nemotron.megatron_packed.ray_engine import restart_clock
+
+    bar = tqdm(total=100, file=io.StringIO(), mininterval=0)
+    bar.update(40)
+    time.sleep(0.2)
+    restart_clock(bar)
+    bar.update(10)
+    state = bar.format_dict
+    assert (state["n"], state["initial"]) == (50, 40) and state["elapsed"] < 0.2
+    bar.close()
+    off = tqdm(total=10, disable=True)
+    restart_clock(off)                                  # a disabled bar, or no bar at all: nothing
+    restart_clock(object())
 
 
 # -- the loader reading manifests --------------------------------------------------------------

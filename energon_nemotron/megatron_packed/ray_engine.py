@@ -12,6 +12,11 @@ What runs where:
 - writing: one Ray task (one CPU) per output file runs ``shards.write_shard``; the driver records
   each completed shard in the manifest.
 
+The counting bar's clock restarts once every actor has returned its first block, so its ETA leaves
+the actors' start-up out. An input under :data:`SMALL_INPUT_BYTES` ends the run with a
+:class:`SmallInputWarning` (one ``warning:`` line on the command line): the local engine is
+usually faster there.
+
 Every node must see the input files, the tokenizer folder and the output folder at the same paths
 (a shared file system), and have this package installed. ``RayEngine`` joins a running cluster
 (``address``), or uses the Ray session of the calling process when there is one, or starts a local
@@ -24,6 +29,7 @@ import contextlib
 import logging
 import os
 import pickle
+import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
@@ -37,6 +43,38 @@ from energon_nemotron.megatron_packed.shards import write_shard
 #: bytes per counting block: the input split in about 8 blocks per actor, within these bounds
 MIN_BLOCK = 1 << 20
 MAX_BLOCK = 64 << 20
+
+#: an input under this many bytes is counted faster by ``--engine local``, as a rule of thumb: the local
+#: engine counts about 0.7 MB/s per core (``benchmarks/pack_scale.py``: 755 conversations/s of ~900
+#: bytes) and a local Ray cluster takes about 5 s to start (``ray_cluster_start_s``) before its
+#: actors load their tokenizers
+SMALL_INPUT_BYTES = 8 << 20
+
+
+class SmallInputWarning(UserWarning):
+    """A Ray run over an input so small that the engine of this process is usually faster (Ray pays
+    for starting its cluster and actors); a rule on the input's size, not a timing."""
+
+
+def small_input_hint(amount: str, local: str = "local") -> str:
+    """The one-line hint of a :class:`SmallInputWarning`; ``amount``: the input's size in words
+    (``"0.3 MiB in 3 blocks, under 8 MiB"``), ``local``: the name of the engine of this process."""
+    return (f"the input is small ({amount}): --engine {local} is usually faster here; "
+            "Ray pays for starting its actors")
+
+
+def restart_clock(bar: Any) -> None:
+    """Restart a ``tqdm`` bar's clock now, the units it counted so far left out of its rate and ETA
+    (they carry the start-up of the actors); nothing for a disabled bar or another object."""
+    from tqdm import tqdm
+
+    if not isinstance(bar, tqdm) or bar.disable:
+        return
+    bar.initial = bar.last_print_n = bar.n
+    bar.start_t = bar.last_print_t = bar._time()
+    for name in ("_ema_dn", "_ema_dt", "_ema_miniters"):
+        setattr(bar, name, type(getattr(bar, name))(bar.smoothing))
+    bar.refresh()
 
 #: quiet Ray (unless verbose; values set in the environment win): the driver's C++ core worker logs
 #: to stderr only at fatal level (Ray's logs stay in its session folder; Ray still says once that it
@@ -126,10 +164,12 @@ class RayEngine:
         self.num_cpus = num_cpus
         self.verbose = verbose
         self.workers = 1
+        self.hint: Optional[str] = None         # a small input's hint, warned when the run ends
         self._session = contextlib.ExitStack()
         self._context: dict = {}
 
     def __enter__(self) -> "RayEngine":
+        self.hint = None
         self._session = contextlib.ExitStack()
         ray = self._session.enter_context(ray_session(self.address, self.num_cpus, self.verbose,
                                                       env=None if self.verbose else QUIET_ENV))
@@ -155,17 +195,28 @@ class RayEngine:
                 setattr(ctx, key, value)
         self._context = {}
         self._session.close()               # shuts down only a session this engine started
+        if self.hint and exc[0] is None:
+            warnings.warn(SmallInputWarning(self.hint), stacklevel=2)
+        self.hint = None
 
     def block_size(self, total_bytes: int) -> int:
         return int(min(MAX_BLOCK, max(MIN_BLOCK, total_bytes // (8 * self.workers) + 1)))
 
     def count(self, blocks: list[Block], encoder: MegatronSFTPackedEncoder, on_error: str, bar) -> Counted:
         """Count every block on the actor pool; the driver merges in input order (``CountMerger``
-        raises the first error in input order as soon as the blocks before it are in)."""
+        raises the first error in input order as soon as the blocks before it are in). ``bar``
+        (``tqdm``, in bytes) gets its clock restarted once every actor has returned its first block
+        (:func:`restart_clock`): its ETA leaves the actors' start-up out. An input under
+        :data:`SMALL_INPUT_BYTES` sets the hint warned when the run ends."""
         import ray.data
 
         merger = CountMerger(blocks, on_error)
         todo = [b for b in blocks if b.size > 0]
+        total = sum(b.size for b in blocks)
+        if total < SMALL_INPUT_BYTES:
+            self.hint = small_input_hint(f"{total / 2**20:.1f} MiB in {len(blocks)} block"
+                                         f"{'s' if len(blocks) != 1 else ''}, under {SMALL_INPUT_BYTES >> 20} MiB")
+        first_round = min(self.workers, len(todo))       # the blocks that carry the actors' start-up
         for b in blocks:
             if b.size == 0:                 # an empty file: nothing to send anywhere
                 merger.add(count_block(b, encoder, on_error))
@@ -177,11 +228,15 @@ class RayEngine:
                                 compute=ray.data.ActorPoolStrategy(size=min(self.workers, len(todo))), num_cpus=1)
             batches = ds.iter_batches(batch_size=None, batch_format="numpy")
             try:
+                returned = 0
                 for batch in batches:
                     for payload in batch["payload"]:
                         count = pickle.loads(payload)
                         merger.add(count)           # raises the first error in input order
                         bar.update(blocks[count.block].size)
+                        returned += 1
+                        if returned == first_round:
+                            restart_clock(bar)
             finally:
                 close = getattr(batches, "close", None)
                 if close is not None:

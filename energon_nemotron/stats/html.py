@@ -1,8 +1,9 @@
 """``stats --html``: the statistics as one self-contained HTML page.
 
-One section per dataset and one for the total: the numbers as tables and the length histogram as
-an image (a PNG drawn with PIL, inline as base64 data; no scripts, no external files), with
-``seq_length`` marked as a red line.
+One section per dataset, one for the total and one for the epoch: the numbers as tables, rounded
+as the text report rounds them (``report.mean_text``, ``report.packing_text``, ...), and the length
+histogram as an image (a PNG drawn with PIL, inline as base64 data; no scripts, no external files),
+with ``seq_length`` marked as a red line.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import io
 from typing import Any
 
 from energon_nemotron.stats.aggregate import histograms
-from energon_nemotron.stats.report import describe_dataset, percent, human_bytes
+from energon_nemotron.stats.epoch import epoch_rows
+from energon_nemotron.stats.report import describe_dataset, human_bytes, mean_text, packing_text, percent, ratio_text
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:16px;background:#fafafa;color:#222}
@@ -82,22 +84,20 @@ def _numbers(block: dict, seq_length: int) -> str:
             ("skipped", ", ".join(f"{k} {v}" for k, v in block["skipped"].items()) or "none")]
     if block["unit"] == "rows":
         c, t = block["conversations"], block["truncated"]
-        rows += [("conversations per row", f"mean {c['per_row_mean']:.2f}, max {c['per_row_max']}"),
+        rows += [("conversations per row", f"mean {ratio_text(c['per_row_mean'])}, max {c['per_row_max']}"),
                  ("truncated rows", f"{t['count']} ({percent(t['share'])})"),
                  ("conversations dropped", block["dropped_conversations"])]
     out = [_table(rows)]
-    stats = [(k, length[k]) for k in ("count", "min", "mean", "p50", "p90", "p99", "max") if k in length]
+    stats = [(k, mean_text(length[k]) if k == "mean" else length[k])
+             for k in ("count", "min", "mean", "p50", "p90", "p99", "max") if k in length]
     out.append(_table(stats + [(f"over seq_length {seq_length}", f"{over['count']} ({percent(over['share'])})")]))
     if block["unit"] == "samples":
         media = [(k, m["count"], human_bytes(m["bytes"]["total"]), human_bytes(m["bytes"]["mean"]),
-                  human_bytes(m["bytes"]["max"]), m["planned_tokens"]["total"], m["planned_tokens"]["mean"],
+                  human_bytes(m["bytes"]["max"]), m["planned_tokens"]["total"], mean_text(m["planned_tokens"]["mean"]),
                   m["planned_tokens"]["max"]) for k, m in block["media"].items()]
         if media:
             out.append(_table(media, ("media", "items", "bytes total", "mean", "max", "tokens total", "mean", "max")))
-        p = block["packing"]
-        fill = f"fill {percent(p['fill_ratio'])}, {p['samples']} samples in {p['packs']} packs"
-        out.append(_table([("packing", f"{p['algorithm']} (buffer {p['buffer_size']}): {fill}" if p.get("algorithm")
-                            else f"{p['note']}: {fill}")]))
+        out.append(_table([("packing", packing_text(block["packing"]))]))
     for code, examples in block["skip_examples"].items():
         out += [f'<div class="ex">{html.escape(code)}: {html.escape(e)}</div>' for e in examples]
     return "".join(out)
@@ -118,4 +118,7 @@ def render_html(result: dict) -> str:
     total: Any = result["total"]
     parts.append(f"<section><h2>total ({len(result['datasets'])} datasets)</h2>"
                  f"{_img(images[-1][1], seq, 'total')}{_numbers(total, seq)}</section>")
+    if result.get("epoch"):
+        parts.append(f"<section><h2>epoch (split {html.escape(result['epoch']['split'])})</h2>"
+                     f"{_table(epoch_rows(result['epoch']))}</section>")
     return "".join(parts + ["</body></html>"])

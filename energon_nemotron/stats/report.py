@@ -1,8 +1,13 @@
-"""The text view of ``energon-nemotron stats``: one block per dataset, then the total."""
+"""The text view of ``energon-nemotron stats``: one block per dataset, the total, then the epoch.
+
+Numbers are rounded here, for the text and the HTML page alike (:func:`mean_text`,
+:func:`ratio_text`, :func:`percent`, :func:`human_bytes`); the JSON keeps them unrounded."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from energon_nemotron.stats.epoch import epoch_rows
 
 BAR = 40
 
@@ -18,6 +23,16 @@ def human_bytes(n: float) -> str:
 
 def percent(share: float) -> str:
     return f"{100 * share:.1f}%"
+
+
+def mean_text(mean: float) -> str:
+    """A length's or a token count's mean as the report shows it: one decimal (``512.3``)."""
+    return f"{mean:.1f}"
+
+
+def ratio_text(ratio: float) -> str:
+    """A per-row or per-pack mean (conversations per row, samples per pack): two decimals."""
+    return f"{ratio:.2f}"
 
 
 def _flow(d: dict) -> str:
@@ -54,8 +69,8 @@ def _length_lines(length: dict, seq_length: int, what: str) -> list[str]:
     over = length["over_seq_length"]
     if not length["count"]:
         return [f"  {what:<11} none measured"]
-    return [f"  {what:<11} n {length['count']}  min {length['min']}  mean {length['mean']:.1f}  p50 {length['p50']}  "
-            f"p90 {length['p90']}  p99 {length['p99']}  max {length['max']}",
+    return [f"  {what:<11} n {length['count']}  min {length['min']}  mean {mean_text(length['mean'])}  "
+            f"p50 {length['p50']}  p90 {length['p90']}  p99 {length['p99']}  max {length['max']}",
             f"  {'over ' + str(seq_length):<11} {over['count']} ({percent(over['share'])})"]
 
 
@@ -67,19 +82,20 @@ def _media_lines(media: dict) -> list[str]:
     for kind, m in media.items():
         b, t = m["bytes"], m["planned_tokens"]
         lines.append(f"  {'':<11} {kind:<6} {m['count']:>6} {human_bytes(b['total']):>12} {human_bytes(b['mean']):>10} "
-                     f"{human_bytes(b['max']):>10} {t['total']:>13} {t['mean']:>9.1f} {t['max']:>7}")
+                     f"{human_bytes(b['max']):>10} {t['total']:>13} {mean_text(t['mean']):>9} {t['max']:>7}")
     return lines
 
 
-def _packing_line(p: dict) -> str:
+def packing_text(p: dict) -> str:
+    """The packing of a block (``aggregate.pack_fill``'s dict) in words, for the text and the HTML page."""
     if not p.get("algorithm"):
-        return (f"  {'packing':<11} {p['note']}: {p['samples']} rows, fill {percent(p['fill_ratio'])}")
+        return f"{p['note']}: {p['samples']} rows, fill {percent(p['fill_ratio'])}"
     limits = f", max {p['max_sequences_per_bin']} per pack" if p.get("max_sequences_per_bin") else ""
     patches = f", max {p['max_media_patches_per_pack']} patches" if p.get("max_media_patches_per_pack") else ""
     delta = f", delta {p['balanced_knapsack_delta']}" if p.get("balanced_knapsack_delta") is not None else ""
-    return (f"  {'packing':<11} {p['algorithm']} (buffer {p['buffer_size']}, pad_multiple {p['pad_multiple']}"
-            f"{limits}{patches}{delta}): {p['samples']} samples in {p['packs']} packs, fill {percent(p['fill_ratio'])}, "
-            f"{p['samples_per_pack']:.2f} samples/pack")
+    return (f"{p['algorithm']} (buffer {p['buffer_size']}, pad_multiple {p['pad_multiple']}"
+            f"{limits}{patches}{delta}): {p['samples']} samples in {p['packs']} packs, "
+            f"fill {percent(p['fill_ratio'])}, {ratio_text(p['samples_per_pack'])} samples/pack")
 
 
 def _skip_lines(block: dict) -> list[str]:
@@ -100,7 +116,8 @@ def block_lines(block: dict, seq_length: int, examples: bool = True) -> list[str
     if unit == "rows":
         c = block["conversations"]
         by = ", ".join(f"{k}: {v}" for k, v in c["rows_by_count"].items())
-        lines.append(f"  {'convs/row':<11} mean {c['per_row_mean']:.2f}  max {c['per_row_max']}  (rows by count {by})")
+        lines.append(f"  {'convs/row':<11} mean {ratio_text(c['per_row_mean'])}  max {c['per_row_max']}  "
+                     f"(rows by count {by})")
         lines += _length_lines(block["length"], seq_length, "positions")
         t = block["truncated"]
         lines.append(f"  {'truncated':<11} {t['count']} rows ({percent(t['share'])}), "
@@ -111,7 +128,7 @@ def block_lines(block: dict, seq_length: int, examples: bool = True) -> list[str
     lines += [f"  {'histogram' if i == 0 else '':<11} {h}" for i, h in enumerate(hist)]
     if unit == "samples":
         lines += _media_lines(block["media"])
-        lines.append(_packing_line(block["packing"]))
+        lines.append(f"  {'packing':<11} {packing_text(block['packing'])}")
     return lines + (_skip_lines(block) if examples else [])
 
 
@@ -149,4 +166,7 @@ def render_text(result: dict) -> str:
     lines += [f"[total] {n} dataset{'s' if n != 1 else ''}"] + block_lines(total, result["seq_length"], examples=False)
     if total["unit"] == "samples" and n > 1:
         lines.append(f"  {'':<11} ({total['packing']['note']})")
+    if result.get("epoch"):
+        lines += ["", f"[epoch] split {result['epoch']['split']}"]
+        lines += [f"  {label:<11} {text}" for label, text in epoch_rows(result["epoch"])]
     return "\n".join(lines)

@@ -3,8 +3,8 @@
 Reads every dataset of the split once (phase 1 only: headers and tokenization, nothing decoded),
 counts every bad sample by reason instead of stopping, and prints per dataset and in total the
 samples read and skipped, the length distribution, media, and the packing fill the configured
-packer reaches (``aggregate``). ``engine``: ``single`` (this process) or ``ray`` (N actors,
-``ray_engine``); both give the same numbers.
+packer reaches (``aggregate``), then what one epoch of the split yields (``epoch``). ``engine``:
+``single`` (this process) or ``ray`` (N actors, ``ray_engine``); both give the same numbers.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from energon_nemotron.config import MegatronSource, load_config
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.stats.aggregate import summarize
 from energon_nemotron.stats.collect import collect_part, seq_length_of, source_of
+from energon_nemotron.stats.epoch import epoch_summary
 from energon_nemotron.stats.records import merge_parts
 
 ENGINES = ("single", "ray")
@@ -46,9 +47,12 @@ def collect_stats(config: Any, split: str = "train", engine: str = "single", lim
     megatron = isinstance(src, MegatronSource)
     summary = summarize(merge_parts(parts, limit), seq_length=seq_length, seed=cfg.loader.seed,
                         packing=None if megatron else cfg.packing, megatron=megatron)
+    epoch = epoch_summary(summary, split=split, batch_size=cfg.loader.batch_size, dp_size=cfg.loader.dp_size,
+                          validation_limit=getattr(src, "limit", None),
+                          virtual_epoch_length=getattr(src, "virtual_epoch_length", 0))
     head = {"config": str(config) if isinstance(config, (str, Path)) else None, "split": split,
             "source": str(src.path), "format": src.format, "engine": engine, "readers": readers, "limit": limit}
-    return {**head, **summary}
+    return {**head, **summary, "epoch": epoch}
 
 
 @dataclass
