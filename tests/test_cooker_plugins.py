@@ -108,7 +108,7 @@ def test_the_cli_lists_built_in_and_plugin_cookers(site):
     listed = cookers_json(site)
     assert listed["qa_pairs"] == {
         "name": "qa_pairs", "origin": "myplugin",
-        "schema": '``{"q": QUESTION, "a": ANSWER}``: one user turn, one assistant turn.',
+        "schema": '{"q": QUESTION, "a": ANSWER}: one user turn, one assistant turn.',
         "subflavors": {**{k: t.__name__ for k, t in COMMON_SUBFLAVORS.items()}, "qa_prefix": "str"},
         "modalities": [], "requires": []}
     assert listed["qa_upper"]["origin"] == "myplugin" and listed["qa_upper"]["modalities"] == ["image"]
@@ -127,7 +127,7 @@ def test_the_cli_text_listing(site):
     assert res.returncode == 0, res.stderr[-3000:]
     blocks = {b.splitlines()[0]: b for b in res.stdout.strip().split("\n\n")}
     qa = blocks["qa_pairs  (myplugin)"]
-    assert "schema: ``{\"q\": QUESTION" in qa and "qa_prefix (str)" in qa and "cooker (str)" in qa
+    assert "schema: {\"q\": QUESTION" in qa and "qa_prefix (str)" in qa and "cooker (str)" in qa
     assert "modalities: none (text only); every sample has: nothing required" in qa
     assert "modalities: audio; every sample has: audio" in blocks["granary_asr  (built-in)"]
 
