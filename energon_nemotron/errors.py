@@ -110,16 +110,30 @@ def error_code(exc: BaseException) -> str:
     return f"error:{type(exc).__name__}"
 
 
+def shown_key(key: object, shard: object = None) -> str:
+    """How the library shows a sample's key: a JSONL line's (Energon's key is the 0-based line
+    number, ``shard`` the file's name) as ``FILE.jsonl:N`` with N 1-based, as the Megatron-LM path
+    names its lines; any other key as it is. Energon's states store restore keys, not these."""
+    key = str(key)
+    if isinstance(shard, str) and shard.endswith(".jsonl") and key.isdigit():
+        return f"{shard}:{int(key) + 1}"
+    return key
+
+
 def sample_where(sample: object, sources: object = None) -> str:
-    """How errors name a sample (a crude sample dict or a ``Sample``): its ``__key__``, and the
-    shard when known; ``"?"`` when it has no key."""
+    """How errors name a sample (a crude sample dict or a ``Sample``): its ``__key__``
+    (:func:`shown_key`: ``FILE.jsonl:N`` for a JSONL line), and the shard when known and not in
+    the key already; ``"?"`` when it has no key."""
     key = sample.get("__key__") if isinstance(sample, dict) else getattr(sample, "__key__", None)
     if key is None:
         return "?"
     shard = sample.get("__shard__") if isinstance(sample, dict) else None
     if shard is None and sources:
         shard = getattr(list(sources)[0], "shard_name", None)
-    return f"{key} (in {shard})" if shard else str(key)
+    shown = shown_key(key, shard)
+    if shown != str(key) or not shard or shown.startswith(f"{shard}:"):
+        return shown
+    return f"{key} (in {shard})"
 
 
 #: how PyTorch re-raises an exception from a ``DataLoader`` worker: its message, then this line

@@ -13,12 +13,13 @@ from energon_nemotron.demo.datasets import energon, prepare, text_dataset, to_sc
 
 
 def jsonl_dataset(path: Path, n: int, seed: int = 0) -> tuple[Path, list[str]]:
-    """A prepared standalone JSONL dataset of OpenAI messages (keys are line indices)."""
+    """A prepared standalone JSONL dataset of OpenAI messages; its keys as the library shows them
+    (``FILE.jsonl:N``, N the 1-based line)."""
     with open(path, "w") as f:
         for conv in make_conversations(n, seed=seed):
             f.write(json.dumps({"messages": conv}) + "\n")
     energon("prepare", str(path))
-    return path, [str(i) for i in range(n)]
+    return path, [f"{path.name}:{i + 1}" for i in range(n)]
 
 
 def loader_yaml(path: Path, train: dict, *, seq_length: int = 1024, prompt_format: str = "tokenizer",

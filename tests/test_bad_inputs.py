@@ -51,7 +51,7 @@ def test_skip_counts_every_class(corpus, capsys, workers):
     assert summary["samples"] == goods
     assert Counter(summary["skipped"]) == Counter(ALL_CODES)
     keys = {k for line in lines[:-1] for row in line["sample_keys"] for k in row}
-    assert all(k.startswith("good-") or k == "0" for k in keys) and len(keys) == goods
+    assert all(k.startswith("good-") or k == "chat.jsonl:1" for k in keys) and len(keys) == goods
 
 
 def test_raise_stops_with_the_key_and_exit_status(corpus):

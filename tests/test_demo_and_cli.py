@@ -82,7 +82,7 @@ def test_a_data_error_is_one_message_and_the_traceback_is_behind_debug(tmp_path,
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("error: 0 (in ") and "image file 'imgs/pic0.jpg' not found under the dataset folder" \
+    assert lines[0].startswith("error: data.jsonl:1: ") and "image file 'imgs/pic0.jpg' not found under the dataset folder" \
         in lines[0], lines[0]
     assert main(["--debug", "preview", str(tmp_path / "loader.yaml"), "--batches", "1"]) == 2
     assert "Traceback (most recent call last)" in capsys.readouterr().err

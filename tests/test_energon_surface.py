@@ -360,9 +360,9 @@ def test_jsonl_reader_and_raw_samples(data):
     assert reader_position(reader, 0) is None                                   # not a tar-shard reader
     assert leaf_size(leaf) == 4
     raw = read_leaf_sample(leaf, 1)
-    assert raw_sample_key(raw) == "1" and sample_index(raw) == 1
+    assert raw_sample_key(raw) == "lines.jsonl:2" and sample_index(raw) == 1    # shown 1-based, with its file
     deep = read_leaf_sample(leaf, DEEP_LINE)                                     # read, not parsed
-    assert raw_sample_key(deep) == str(DEEP_LINE) and isinstance(deep.data[0]["json"], bytes)
+    assert raw_sample_key(deep) == f"lines.jsonl:{DEEP_LINE + 1}" and isinstance(deep.data[0]["json"], bytes)
     assert raw_sample_key(object()) is None and raw_sample_key(SimpleNamespace(data=())) is None
     assert sample_index({"__restore_key__": ("MapDataset", 0, "Webdataset", 7)}) == 7
     info = SourceInfo(dataset_path=str(data.jsonl), index=3, shard_name="lines.jsonl", file_names=("3.json",))
@@ -753,7 +753,7 @@ def test_guard_jsonl_lines_checks_each_line_before_energon_parses_it(data, monke
         for batch in loader:
             keys += keys_of(batch)
     assert too_deep.value.code == "json_too_deep" and "nested 3001 levels deep" in str(too_deep.value)
-    assert keys == ["0", "1"] and seen == [bytes] * 3            # raw lines 0, 1, 2: unparsed
+    assert keys == ["lines.jsonl:1", "lines.jsonl:2"] and seen == [bytes] * 3     # raw lines 0, 1, 2: unparsed
     installed = DefaultCrudeJsonlDatasetFactory._load_sample
     guard_jsonl_lines(lambda sample: 1 / 0)                      # installed once: later calls do nothing
     assert DefaultCrudeJsonlDatasetFactory._load_sample is installed

@@ -126,7 +126,9 @@ def aux_corpus(tmp_path_factory):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_metadataset_aux_sources_read_every_sample(aux_corpus, workers):
     keys, kinds, loader = read_all(config({"train": {"path": str(aux_corpus / "mix.yaml")}}, workers))
-    assert Counter(keys) == {"0": 3, "1": 3, "2": 1}                   # all 7 samples of the 3 primaries
+    # all 7 samples of the 3 primaries, each named by its file and line (no two the same)
+    assert Counter(keys) == {k: 1 for k in ("chat.jsonl:1", "chat.jsonl:2", "chat.jsonl:3", "frag.jsonl:1",
+                                            "frag.jsonl:2", "asr.jsonl:1", "asr.jsonl:2")}
     assert kinds == {"image": 4, "audio": 3}
     t = loader.telemetry()
     assert t["basename_fallback"] == 3 and t["skipped"] == {}
@@ -267,7 +269,7 @@ def roots_config(root: Path, workers: int, roots=("r1", "r2"), on_error="skip") 
 def test_media_roots_through_the_loader(roots_corpus, workers):
     root, wanted = roots_corpus
     keys, kinds, loader = read_all(roots_config(root, workers))
-    assert sorted(keys) == [str(i) for i, w in enumerate(wanted) if w == "ok"] and kinds == {"image": 3}
+    assert sorted(keys) == sorted(f"data.jsonl:{i + 1}" for i, w in enumerate(wanted) if w == "ok") and kinds == {"image": 3}
     assert loader.skipped() == {"path_escape": 2}
 
 

@@ -356,7 +356,7 @@ def test_jsonl_rows_flow_to_packed_batches(tmp_path, media_files, demo_tokenizer
     energon("prepare", str(path))
     cfg = loader_yaml(tmp_path / "l.yaml", {"path": str(path)}, seq_length=2048, prompt_format="nemotron6",
                       workers=workers, extra_options=SMALL_MEDIA, default_cooker="openai_messages")
-    check_epoch(cfg, [str(i) for i in range(5)], demo_tokenizer)
+    check_epoch(cfg, [f"rows.jsonl:{i + 1}" for i in range(5)], demo_tokenizer)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
