@@ -96,7 +96,10 @@ def test_the_librarys_warnings_are_one_line(tmp_path):
     from energon_data import text_config, text_dataset
 
     ds, _ = text_dataset(tmp_path / "ds", "openai_messages", n=4)
-    cfg = text_config(ds, workers=0, packing={"algorithm": "first_fit_decreasing", "buffer_size": 16})
+    blend = tmp_path / "blend.yaml"           # weighted: no epoch, so preview --batches reads the repeating stream
+    blend.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+                                     "splits": {"train": {"blend": [{"weight": 1, "path": str(ds)}]}}}))
+    cfg = text_config(blend, workers=0, packing={"algorithm": "first_fit_decreasing", "buffer_size": 16})
     (tmp_path / "loader.yaml").write_text(yaml.safe_dump(cfg))
     res = run_cli("preview", str(tmp_path / "loader.yaml"), "--batches", "1")
     assert res.returncode == 0, res.stderr

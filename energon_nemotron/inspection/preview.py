@@ -2,9 +2,10 @@
 
 Human view: every row's segments with decoded text and trained tokens highlighted. ``--json``: one
 object per batch (``sample_keys``, ``tokens``, ``labels``, ``loss_mask``, ``position_ids``,
-``cu_seqlens``, ``cu_seqlens_padded`` as lists), then ``{"summary": {...}}``. Without ``--batches``
-the training split is read once (one epoch, no repetition); with ``--batches N`` the loader repeats
-as in training (so a weighted blend, which has no epoch, can be previewed).
+``cu_seqlens``, ``cu_seqlens_padded`` as lists), then ``{"summary": {...}}``. The training split is read once
+(one epoch, every sample at most once; ``--batches N`` and ``--html`` stop after N batches of it,
+and the summary says so). A weighted blend has no epoch: there ``--batches N`` reads N batches of
+the repeating stream, as in training, and says that too.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str
              o: PreviewOptions) -> int:
     cfg = as_config(config_path)
     if o.split == "validation":
-        loader = build_val_loader(cfg, dp_rank=o.dp_rank, dp_size=o.dp_size)
+        loader, repeating = build_val_loader(cfg, dp_rank=o.dp_rank, dp_size=o.dp_size), False
         source = cfg.data.validation
     else:
-        loader = build_train_loader(cfg, repeat=batches is not None, dp_rank=o.dp_rank, dp_size=o.dp_size)
+        loader, repeating = _train_loader(cfg, batches, o)
         source = cfg.data.train
     pad_id = loader.dataset.encoder.pad_id if isinstance(source, MegatronSource) else None
     if (o.save_state or o.load_state) and o.split != "train":
@@ -72,12 +73,14 @@ def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str
     tokenizer = None if as_json and not html else load_tokenizer(cfg.tokenizer)
     kept = []
     use_color = color == "always" or (color == "auto" and out.isatty())
-    printed = padding_rows = 0
-    stream = loader if batches is None else itertools.islice(loader, batches)
-    for i, batch in enumerate(stream):
+    printed = padding_rows = packs = samples = 0    # of the batches shown
+    stream = iter(loader)
+    for i, batch in enumerate(stream if batches is None else itertools.islice(stream, batches)):
         batch.validate()
         printed += 1
         padding_rows += sum(batch.is_padding)
+        packs += batch.batch_size - sum(batch.is_padding)
+        samples += sum(len(k) for k, pad in zip(batch.sample_keys, batch.is_padding) if not pad)
         if html:
             kept.append(batch)
             continue
@@ -87,18 +90,47 @@ def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str
         print(f"=== batch {i}: {batch.batch_size} row(s), {batch.num_valid_tokens} trained labels", file=out)
         for r in range(batch.batch_size):
             print(row_text(r, batch.row(r), tokenizer, use_color, pad_id=pad_id), file=out)
+    read = _extent(o.split, batches, printed, repeating, stream, o)
     if o.save_state:
         save_state_file(o.save_state, loader.state_dict())
     if html:
         Path(html).write_text(render_html(kept, tokenizer, title=f"{config_path} — {o.split}, DP rank {o.dp_rank}"),
                               encoding="utf-8")
-        print(f"wrote {html} ({printed} batches)", file=sys.stderr)
+        print(f"wrote {html} ({read})", file=sys.stderr)
     t = loader.telemetry()        # the real batches (validation padding batches are not in it)
-    summary = {"batches": printed, "packs": t["packs"], "samples": t["samples"], "padding_rows": padding_rows,
+    summary = {"batches": printed, "packs": packs, "samples": samples, "padding_rows": padding_rows,
                "dp_rank": o.dp_rank, "dp_size": o.dp_size, "split": o.split, "fill_ratio": round(t["fill_ratio"], 6),
-               "tokens_per_s": round(t["tokens_per_s"]), "media_decoded": t["media_decoded"], "skipped": t["skipped"]}
+               "tokens_per_s": round(t["tokens_per_s"]), "media_decoded": t["media_decoded"], "skipped": t["skipped"],
+               "read": read}
     if as_json:
         print(json.dumps({"summary": summary}), file=out)
     else:
         print(f"summary: {summary}", file=out)
     return 0
+
+
+def _train_loader(cfg, batches: Optional[int], o: PreviewOptions):
+    """The train split's loader for one epoch, and False; a weighted blend (no epoch) with
+    ``batches`` set: the repeating loader, and True."""
+    try:
+        return build_train_loader(cfg, repeat=False, dp_rank=o.dp_rank, dp_size=o.dp_size), False
+    except ConfigError as e:
+        if batches is None or "weighted blend has no epoch" not in str(e):
+            raise
+    return build_train_loader(cfg, repeat=True, dp_rank=o.dp_rank, dp_size=o.dp_size), True
+
+
+def _extent(split: str, batches: Optional[int], printed: int, repeating: bool, stream, o: PreviewOptions) -> str:
+    """What the preview read, in words: the whole epoch, or that it stopped early. Whether a stop
+    after ``batches`` was early is known by reading one batch more from ``stream``, except when a
+    state is saved (the state is the position after the last batch shown)."""
+    what = "the validation split" if split == "validation" else "the epoch"
+    if repeating:
+        return f"{printed} batches of the repeating stream (a weighted blend has no epoch)"
+    if batches is None or printed < batches:
+        return f"{what}, whole: {printed} batches"
+    if o.save_state:
+        return f"stopped after {printed} batches; {what} may hold more"
+    if next(stream, None) is None:
+        return f"{what}, whole: {printed} batches"
+    return f"stopped early, after {printed} batches; {what} holds more (--batches N shows N)"
