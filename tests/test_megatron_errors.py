@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from conftest import FIXTURE_TOKENIZER, fixture_rows, write_jsonl
+from conftest import DEMO_TOKENIZER, FIXTURE_TOKENIZER, fixture_rows, write_jsonl
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.megatron_packed import MegatronSFTPackedDataset, MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.dataset import PadInContentWarning, TruncationWarning
@@ -107,8 +107,8 @@ def test_truncation_is_counted_and_reported_with_line_numbers(tmp_path):
     rows = fixture_rows()            # row 1 (line 2) overflows 96 tokens
     path = write_jsonl(tmp_path / "t.jsonl.packed", [rows[0], rows[1], rows[0], rows[1]])
     ds = MegatronSFTPackedDataset(path, enc)
-    with pytest.warns(TruncationWarning, match=r"t\.jsonl\.packed: 2 of 4 rows were longer than "
-                                               r"seq_length=96 .* \(lines 2, 4\)"):
+    with pytest.warns(TruncationWarning, match=r"t\.jsonl\.packed: 2 of 4 rows of several conversations no "
+                                               r"longer fit seq_length=96 .* \(lines 2, 4\): the tokenizer files"):
         out = list(ds)
     assert [r["truncated"] for r in out] == [False, True, False, True]
     assert ds.last_report["truncated_lines"] == [2, 4]
@@ -173,3 +173,50 @@ def test_hostile_json_is_skipped_and_counted(tmp_path, workers):
     keys = sorted(k.split("#")[0].rsplit(":", 1)[1] for batch in loader for row in batch.sample_keys for k in row)
     assert keys == sorted(str(n) for n in (1, 2, 3, 4, 5, 6, 10, 11, 12))
     assert loader.skipped() == {"json_too_deep": 1, "lone_surrogate": 1, "nul_character": 1}
+
+
+_READ_ROWS = """
+import sys, warnings
+from energon_nemotron import build_train_loader
+warnings.simplefilter("always")
+cfg = {"tokenizer": sys.argv[1], "loader": {"batch_size": 1, "num_workers": int(sys.argv[3])},
+       "data": {"train": {"format": "megatron_sft_packed", "path": sys.argv[2], "seq_length": 64,
+                          "prompt_format": "nemotron-h-aligned"}}}
+print(sum(1 for _ in build_train_loader(cfg, repeat=False)))
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_oversized_conversation_is_named_as_the_cause_once(tmp_path, workers):
+    """A conversation longer than seq_length (which ``pack-megatron`` reported and put in a row of
+    its own) is the truncation's cause, said once for the whole loader (not per worker), without
+    the hint that the encoder settings must match (the manifest checked them). Without the
+    manifest, the rows of one conversation are still named as such, without that hint."""
+    import subprocess
+    import sys
+
+    from energon_nemotron.megatron_packed.offline_pack import pack_file
+
+    enc = MegatronSFTPackedEncoder(DEMO_TOKENIZER, 64, "nemotron-h-aligned")
+    long = [{"role": "system", "content": "s"}, {"role": "user", "content": "Count please."},
+            {"role": "assistant", "content": ", ".join(str(i) for i in range(200))}]
+    short = [{"role": "system", "content": "s"}, {"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": "Hello."}]
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"messages": short}] * 6 + [{"messages": long}])
+    out = tmp_path / "o.jsonl.packed"
+    assert pack_file(raw, out, enc, progress=False).oversized == [f"{raw}:7#0"]
+
+    def read():
+        res = subprocess.run([sys.executable, "-c", _READ_ROWS, str(DEMO_TOKENIZER), str(out), str(workers)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        return [line for line in res.stderr.splitlines() if "seq_length=64" in line]
+
+    lines = read()
+    assert len(lines) == 1, lines
+    assert "o.jsonl.packed.manifest.json: 1 conversations are longer than seq_length=64" in lines[0]
+    assert "pack-megatron reported them" in lines[0] and "must be those" not in lines[0]
+    (tmp_path / "o.jsonl.packed.manifest.json").unlink()
+    lines = read()
+    assert lines and all("rows hold one conversation longer than seq_length=64" in line for line in lines), lines
+    assert not any("must be those" in line for line in lines)

@@ -97,6 +97,21 @@ def source_and_digests(path: Path, encoder: MegatronSFTPackedEncoder) -> tuple[l
     return files, where, digests
 
 
+def recorded_oversized(manifest: Optional[Path], seq_length: int) -> list:
+    """The conversations longer than ``seq_length`` that ``manifest`` records (``pack-megatron``
+    reported each, in a row of its own), said once as a ``TruncationWarning``: reading truncates
+    them, as Megatron-LM does. [] without a manifest."""
+    if manifest is None:
+        return []
+    oversized = list(mf.load_manifest(manifest).get("counts", {}).get("oversized") or [])
+    if oversized:
+        warnings.warn(TruncationWarning(
+            f"{manifest.name}: {len(oversized)} conversations are longer than seq_length={seq_length} "
+            f"(pack-megatron reported them: {_line_list(oversized)}); each fills a row of its own and is truncated "
+            f"to {seq_length} when read, as Megatron-LM does"), stacklevel=3)
+    return oversized
+
+
 class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
     """Encoded rows of one ``.jsonl.packed`` file (or of the shards of a ``pack-megatron``
     manifest, read in order as one stream) for one data-parallel rank.
@@ -154,6 +169,8 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         self.last_report: dict[str, Any] = {}
         #: a whole pass has checked the files against the manifest's sha256 (later passes skip it)
         self._verified = False
+        #: the conversations longer than seq_length the manifest records (``file:line#k``), said once here
+        self.oversized = recorded_oversized(self.manifest_path, encoder.seq_length)
 
     def _stream(self) -> Iterator[tuple[int, int, int, bytes]]:
         """:func:`iter_rows` over the files; the manifest's sha256 are checked until one whole pass
@@ -245,6 +262,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         wid, first, step = self._mine()
         truncated: list[int] = []
+        oversized: list[int] = []
         with_pad: list[int] = []
         skipped: Counter = Counter()
         rows = 0
@@ -263,14 +281,14 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
                 out["loss_mask"] = torch.zeros_like(out["loss_mask"])
             else:
                 rows += 1
-                if out["truncated"]:
-                    truncated.append(self._label(fi, line_no))
+                if out["truncated"]:        # one conversation alone over L, or several that no longer fit
+                    (oversized if out["num_conversations"] == 1 else truncated).append(self._label(fi, line_no))
                 if out["pad_in_content"]:
                     with_pad.append(self._label(fi, line_no))
             out["is_padding"] = padding
             out["position"] = (wid, position)
             yield out
-        self._report(rows, truncated, with_pad, dict(skipped))
+        self._report(rows, truncated, oversized, with_pad, dict(skipped))
 
     def _padding_rows(self, first: int, step: int) -> Iterator[tuple[int, int, bytes]]:
         """This worker's share of the rank's padding rows (real row index >= N): (file, line, raw)."""
@@ -287,15 +305,23 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
             for _ in range(wanted.get(row, 0)):
                 yield fi, line_no, raw
 
-    def _report(self, rows: int, truncated: list, with_pad: list, skipped: dict) -> None:
-        self.last_report = {"rows": rows, "truncated_lines": truncated, "pad_in_content_lines": with_pad,
+    def _report(self, rows: int, truncated: list, oversized: list, with_pad: list, skipped: dict) -> None:
+        """This worker's pass: ``last_report``, and a warning for each cause of truncation that was
+        not already said (a manifest's oversized conversations are said once, when it is opened)."""
+        self.last_report = {"rows": rows, "truncated_lines": truncated + oversized, "pad_in_content_lines": with_pad,
                             "skipped": skipped}
-        if truncated:
+        L = self.encoder.seq_length
+        if oversized and len(oversized) > len(self.oversized):
             warnings.warn(TruncationWarning(
-                f"{self.path}: {len(truncated)} of {rows} rows were longer than seq_length="
-                f"{self.encoder.seq_length} after re-tokenization and were truncated as Megatron-LM "
-                f"does (lines {_line_list(truncated)}); the tokenizer, prompt format, seq_length and "
-                "context-parallel size must match those the rows were packed with"), stacklevel=2)
+                f"{self.path}: {len(oversized)} of {rows} rows hold one conversation longer than seq_length={L}; "
+                f"each was truncated to {L} as Megatron-LM does (lines {_line_list(oversized)})"), stacklevel=2)
+        if truncated:
+            hint = "" if self.manifest_path is None else f" although {self.manifest_path.name} records the same encoder"
+            warnings.warn(TruncationWarning(
+                f"{self.path}: {len(truncated)} of {rows} rows of several conversations no longer fit seq_length={L} "
+                f"after re-tokenization{hint}, and were truncated as Megatron-LM does (lines {_line_list(truncated)}): "
+                "the tokenizer files, prompt format, seq_length and context-parallel size must be those the rows "
+                "were packed with"), stacklevel=2)
         if with_pad:
             warnings.warn(PadInContentWarning(
                 f"{self.path}: {len(with_pad)} rows contain the pad id {self.encoder.pad_id} inside "
