@@ -154,12 +154,21 @@ class AuxMedia:
         unknown)."""
         return entry_size(self.store, self.key)
 
+    def origin(self) -> str:
+        """Where the entry is read from, for messages: its shard of a prepared-dataset source (a
+        damaged shard is then named by every error about its entries), else the source's path."""
+        info = webdataset_entry(self.store, self.key) if store_kind(self.store) == "webdataset" else None
+        shard = f"shard {info.shard_name} of " if info is not None else ""
+        return f"{shard}aux source {self.source!r} ({self.store.get_path()})"
+
     def get(self) -> bytes:
         try:
             data = self.store.get(self.key)
         except (KeyError, OSError) as e:
-            raise MediaError(f"{self.key} in aux source {self.source!r} ({self.store.get_path()}) cannot be read: "
-                             f"{e}", code="missing_media") from None
+            raise MediaError(f"{self.key} in {self.origin()} cannot be read: {e}", code="missing_media") from None
+        except Exception as e:              # a damaged shard: whatever its reader raises, named
+            raise MediaError(f"{self.key} in {self.origin()} cannot be read (is the shard damaged?): "
+                             f"{type(e).__name__}: {e}") from None
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise MediaError(f"{self.key} in aux source {self.source!r}: got {type(data).__name__}, not bytes (the "
                              "task encoder must keep decoder = None so that aux sources return raw bytes)")

@@ -27,8 +27,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -103,6 +104,20 @@ def given_video_metadata(metadata: dict) -> dict:
     else:
         out["num_frames"] = metadata_number(metadata, "num_frames", "video")
     return out
+
+
+@contextmanager
+def naming_origin(ref: MediaRef) -> Iterator[None]:
+    """A ``MediaError`` raised inside, about ``ref``, says where its bytes were read from when the
+    payload knows (an aux source entry's ``origin()``: its shard), so a damaged shard is named."""
+    try:
+        yield
+    except MediaError as e:
+        origin = getattr(ref.payload, "origin", None)
+        where = origin() if callable(origin) else None
+        if not where or where in str(e):
+            raise
+        raise MediaError(f"{e} (read from {where})", code=e.code) from None
 
 
 def read_payload(ref: MediaRef, max_bytes: Optional[int] = None) -> bytes | str | os.PathLike:
@@ -203,7 +218,12 @@ class MediaHandlers:
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def plan(self, ref: MediaRef, index: int) -> PlannedMedia:
-        """Plan one item from its metadata (headers are read when the cooker did not provide them)."""
+        """Plan one item from its metadata (headers are read when the cooker did not provide them);
+        a ``MediaError`` names where the item was read from (:func:`naming_origin`)."""
+        with naming_origin(ref):
+            return self._plan(ref, index)
+
+    def _plan(self, ref: MediaRef, index: int) -> PlannedMedia:
         ids = self.ids(ref.modality) if ref.modality in MODALITY_TOKENS else {}
         if ref.modality == "image":
             from energon_nemotron.media.image import image_header_size, plan_image
@@ -246,6 +266,11 @@ class MediaHandlers:
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def process(self, ref: MediaRef, planned: PlannedMedia) -> dict[str, Any]:
+        """:meth:`_process`, a ``MediaError`` naming where the item was read from (:func:`naming_origin`)."""
+        with naming_origin(ref):
+            return self._process(ref, planned)
+
+    def _process(self, ref: MediaRef, planned: PlannedMedia) -> dict[str, Any]:
         """Decode one planned item. Visual: ``pixels`` float32 [P, 3·p·p], ``sizes`` int32 [units, 2]
         (patch grid per image, tile or frame); audio: ``features`` float32 [clips, F, mel],
         ``lengths`` int64 [clips]. Both: ``keys``, a tuple of provenance keys (str), one per
