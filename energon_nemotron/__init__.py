@@ -30,6 +30,7 @@ _EXPORTS = {
     "DataError": "energon_nemotron.errors", "ConfigError": "energon_nemotron.errors",
     "DatasetError": "energon_nemotron.errors", "MediaError": "energon_nemotron.errors",
     "SkipLimitError": "energon_nemotron.errors",
+    "LoaderError": "energon_nemotron.errors",
     # resume
     "save_state_file": "energon_nemotron.resume", "load_state_file": "energon_nemotron.resume",
     "merge_rank_states": "energon_nemotron.resume",

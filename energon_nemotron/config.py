@@ -208,8 +208,9 @@ class LoaderSettings(StrictModel):
     #: seconds between worker checkpoints: a restore replays at most this long of batches, and the
     #: loader keeps that many batches' keys for an elastic resume
     checkpoint_every_sec: float = Field(1.0, gt=0)
-    #: seconds a worker may take for one batch before the loader fails naming it; null: no watchdog
-    watchdog_timeout_seconds: Optional[float] = Field(None, gt=0)
+    #: seconds a loader process (a worker) may go without yielding a sample before the loader fails
+    #: naming it, the sample it began last and its threads' stacks (Energon's watchdog); null: none
+    watchdog_timeout_seconds: Optional[float] = Field(600.0, gt=0)
     #: run the garbage collector every N batches in each worker; 0: never
     gc_collect_every_n_steps: int = Field(0, ge=0)
     #: an Energon ``FileStoreCachePool`` for media read through aux sources (null: none)

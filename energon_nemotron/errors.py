@@ -68,6 +68,12 @@ class SkipLimitError(ConfigError):
     the data (or the limit) has to change."""
 
 
+class LoaderError(RuntimeError):
+    """A loader process ended without an error of its own: a worker that made no progress for
+    ``loader.watchdog_timeout_seconds`` (its message and thread stacks are printed before it ends),
+    or one that crashed (``guards.stalls``)."""
+
+
 class MediaError(ValueError):
     """A media item that cannot be planned or decoded (bad header, unsupported format, over a size
     limit, metadata that disagrees with the content). The task encoder re-raises it as a
@@ -138,7 +144,7 @@ def sample_where(sample: object, sources: object = None) -> str:
 
 #: how PyTorch re-raises an exception from a ``DataLoader`` worker: its message, then this line
 WORKER_TRACEBACK = "\nOriginal Traceback (most recent call last):\n"
-_LIBRARY_ERRORS = ("DataError", "ConfigError", "DatasetError", "SkipLimitError", "MediaError")
+_LIBRARY_ERRORS = ("DataError", "ConfigError", "DatasetError", "SkipLimitError", "MediaError", "LoaderError")
 
 
 def original_message(error: BaseException) -> str | None:

@@ -31,3 +31,23 @@ class SharedCounter:
     def totals(self) -> dict[str, int]:
         """Non-zero sums over all workers."""
         return {name: int(n) for name, n in zip(self.names, self.table.sum(0).tolist()) if n}
+
+
+#: the sample this process began last (its shown key) and when (``time.monotonic()``): what a
+#: watchdog timeout names (``guards.stalls``); per process, so per DataLoader worker
+_LAST_BEGUN: list = [None, 0.0]
+
+
+def began(key: str) -> None:
+    """Record that this process begins reading the sample ``key``."""
+    import time
+
+    _LAST_BEGUN[0], _LAST_BEGUN[1] = key, time.monotonic()
+
+
+def last_begun() -> tuple:
+    """``(key, seconds since)`` of the sample this process began last; ``(None, None)`` before any."""
+    import time
+
+    key, at = _LAST_BEGUN
+    return (None, None) if key is None else (key, time.monotonic() - at)

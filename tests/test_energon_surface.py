@@ -824,9 +824,27 @@ def test_files_and_aux_sources(data):
         indexed_sample_key(data.root / "media", 0, 0)
 
 
+def test_name_watchdog_timeouts_gives_energons_watchdog_our_message(monkeypatch):
+    """Energon's ``WatchdogDataset._watchdog_trigger`` raises ``TimeoutError(describe(timeout))``
+    with ``fail_on_timeout`` (its watchdog thread prints it and ends the process), else warns."""
+    from megatron.energon.wrappers.watchdog_dataset import WatchdogDataset
+
+    from energon_nemotron._energon import name_watchdog_timeouts
+
+    monkeypatch.setattr(WatchdogDataset, "_watchdog_trigger", WatchdogDataset._watchdog_trigger)
+    name_watchdog_timeouts(lambda t: f"stuck for {t:g} s")
+    watched = SimpleNamespace(timeout_seconds=7, fail_on_timeout=True)
+    with pytest.raises(TimeoutError, match=r"^stuck for 7 s$"):
+        WatchdogDataset._watchdog_trigger(watched)
+    watched.fail_on_timeout = False
+    with pytest.warns(RuntimeWarning, match=r"^stuck for 7 s$"):
+        WatchdogDataset._watchdog_trigger(watched)
+
+
 # -- every accessor is exercised ------------------------------------------------------------------
 
 EXERCISED = {
+    "test_name_watchdog_timeouts_gives_energons_watchdog_our_message": ["name_watchdog_timeouts"],
     "test_check_version_holds_the_supported_range": ["SUPPORTED", "check_version"],
     "test_tree_leaves_readers_and_worker_slices": ["LEAF", "inner_datasets", "is_leaf", "leaf_size",
                                                    "leaf_readers", "reader_location", "reader_jsonl",

@@ -1,5 +1,5 @@
 """Behaviours of Energon adjusted from outside: its error prints, its per-worker shard lines and
-buffer-filling bars (the quiet default), and the parsing of JSONL lines."""
+buffer-filling bars (the quiet default), the parsing of JSONL lines, and its watchdog's message."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import megatron.energon.errors as _errors
 import megatron.energon.flavors.webdataset.base_webdataset as _base_webdataset
+import megatron.energon.wrappers.watchdog_dataset as _watchdog_dataset
 from megatron.energon.wrappers.packing_dataset import PackingDataset
 from megatron.energon.flavors.jsonl.crude_jsonl_dataset import DefaultCrudeJsonlDatasetFactory
 
@@ -80,3 +81,20 @@ def guard_jsonl_lines(check: Callable[[dict], None]) -> None:
     setattr(_load_sample, _GUARD_MARK, True)
     _load_sample.__doc__ = current.__doc__
     DefaultCrudeJsonlDatasetFactory._load_sample = _load_sample
+
+
+def name_watchdog_timeouts(describe: Callable[[float], str]) -> None:
+    """Energon's watchdog (``WatchdogDataset``) says ``describe(timeout_seconds)`` when it fires,
+    instead of its generic "Sample processing took longer" line: with ``fail_on_timeout`` a
+    ``TimeoutError`` of that message, which Energon's watchdog thread prints after the stacks of
+    the process's threads before it ends the process (a DataLoader worker: the loader then fails);
+    without, a ``RuntimeWarning``. Idempotent."""
+    import warnings
+
+    def trigger(self: Any) -> None:
+        message = describe(self.timeout_seconds)
+        if self.fail_on_timeout:
+            raise TimeoutError(message)
+        warnings.warn(message, RuntimeWarning)
+
+    _watchdog_dataset.WatchdogDataset._watchdog_trigger = trigger

@@ -42,6 +42,7 @@ from energon_nemotron.packing.assemble import assemble_row, batch_rows, row_medi
 from energon_nemotron.packing.distinct import BufferOverDataWarning, buffer_over_data, separate_repeats, source_id
 from energon_nemotron.packing.spec import has_second_budget, packer_options, second_budget_packers
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
+from energon_nemotron.telemetry import began
 from energon_nemotron.tokenization.conversation import ConversationTokenizer
 from energon_nemotron.tokenization.loading import TextEncoder
 from energon_nemotron.types import Conversation, EncodedSample, EncodedSource, PackedRow, Pending
@@ -164,6 +165,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             shown = shown_key(sample["__key__"], sample.get("__shard__"))
             if shown != sample["__key__"]:
                 sample = {**sample, "__key__": shown}
+            began(shown)                                   # what a watchdog timeout names (guards.stalls)
         with media_scope(self.media_roots, aux, self.counters.lookups):
             return super().cook_crude_sample(sample, cooker, aux)
 

@@ -4,7 +4,8 @@ The files of a prepared Energon dataset (``energon_files``) and the tree of a da
 (``source_tree``); shards and indexes cross-checked at start and read errors that name the shard
 (``shards``); JSON nesting and string checks (``json_safety``, and ``jsonl_guard`` for Energon's
 JSONL line parsing); the bad-sample policy (``policy``) and the limits that stop a run that only
-skips (``skip_limits``); loader workers that die with their parent (``orphans``).
+skips (``skip_limits``); loader workers that die with their parent (``orphans``); a loader that
+makes no progress becomes an error (``stalls``).
 """
 
 from energon_nemotron.guards.json_safety import MAX_JSON_DEPTH, check_json_text, check_strings, parse_json

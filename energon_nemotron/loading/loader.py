@@ -29,7 +29,7 @@ from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource,
 from energon_nemotron.encoders.outputs import PACKED_BATCH
 from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.guards import orphans
+from energon_nemotron.guards import orphans, stalls
 from energon_nemotron.guards.policy import ErrorPolicy, skip_counter
 from energon_nemotron.guards.shards import guard_reads
 from energon_nemotron.guards.skip_limits import apply_limits
@@ -151,6 +151,7 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     # the elastic merge (energon_nemotron.resume.elastic.RecentBatches); the stream is unchanged
     s = cfg.loader
     orphans.install()                        # forked workers die with this process (guards.orphans)
+    stalls.install()                         # a watchdog timeout names the worker and its sample
     return get_savable_loader(dataset, gc_collect_every_n_steps=s.gc_collect_every_n_steps,
                               watchdog_timeout_seconds=s.watchdog_timeout_seconds, prefetch_factor=s.prefetch_factor,
                               checkpoint_every_sec=s.checkpoint_every_sec, checkpoint_every_min_n_samples=1,
@@ -238,7 +239,7 @@ class Loader:
             self.positions = dict(self.inner.dataset.resume_positions)
             self.next_worker = self.inner.dataset.worker_offset
         seen: dict[str, int] = self.skipped()
-        for batch in self.inner:
+        for batch in self._batches():
             if self.rows and batch.__restore_key__:
                 _, worker, position = batch.__restore_key__
                 self.positions[int(worker)] = int(position)
@@ -249,6 +250,24 @@ class Loader:
             batch.skipped = {k: n - seen.get(k, 0) for k, n in now.items() if n != seen.get(k, 0)}
             seen = now
             self.stats.update(batch)
+            yield batch
+
+    def _batches(self):
+        """The inner loader's batches; a worker that ended (a watchdog timeout, a crash) is a
+        ``LoaderError`` (``guards.stalls``), not PyTorch's bare RuntimeError. Not ``yield from``:
+        closing this generator (a caller that stops early) must not close the inner iterator, whose
+        close ends Energon's epoch for the next ``iter``."""
+        inner = iter(self.inner)
+        while True:
+            try:
+                batch = next(inner)
+            except StopIteration:
+                return
+            except RuntimeError as e:
+                error = stalls.worker_exit_error(e)
+                if error is None:
+                    raise
+                raise error from e
             yield batch
 
     def state_dict(self) -> dict:
