@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from energon_data import text_config, text_dataset
-from energon_nemotron.inspection.preview import run_preview
+from energon_nemotron.inspection.preview import PreviewOptions, run_preview
 
 
 class _Out:
@@ -84,3 +84,24 @@ def test_a_batch_count_equal_to_the_epoch_says_whole(tmp_path):
     batches, _ = _preview(path)
     again, summary = _preview(path, batches=len(batches))
     assert len(again) == len(batches) and summary["read"] == f"the epoch, whole: {len(batches)} batches"
+
+
+def test_a_training_state_restores_into_the_repeating_stream(tmp_path):
+    """A state saved by a training loader (repeating) is previewed on the repeating stream: the
+    next batches training would read; without --batches that stream has no end, and it says so."""
+    from energon_nemotron.errors import ConfigError
+    from energon_nemotron.loading import build_train_loader
+    from energon_nemotron.resume import save_state_file
+
+    path, _ = _config(tmp_path, 0)
+    training = build_train_loader(path)                        # repeat=True: as training reads
+    it = iter(training)
+    next(it)
+    save_state_file(tmp_path / "state.json", training.state_dict())
+    expected = [next(it).sample_keys for _ in range(2)]
+    restore = PreviewOptions(load_state=str(tmp_path / "state.json"))
+    batches, summary = _preview(path, batches=2, options=restore)
+    assert [b["sample_keys"] for b in batches] == expected
+    assert summary["read"] == "2 batches of the repeating stream (the state was saved by a repeating loader)"
+    with pytest.raises(ConfigError, match=r"state\.json was saved by a repeating loader .*give --batches N"):
+        _preview(path, options=restore)

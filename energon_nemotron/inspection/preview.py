@@ -5,7 +5,8 @@ object per batch (``sample_keys``, ``tokens``, ``labels``, ``loss_mask``, ``posi
 ``cu_seqlens``, ``cu_seqlens_padded`` as lists), then ``{"summary": {...}}``. The training split is read once
 (one epoch, every sample at most once; ``--batches N`` and ``--html`` stop after N batches of it,
 and the summary says so). A weighted blend has no epoch: there ``--batches N`` reads N batches of
-the repeating stream, as in training, and says that too.
+the repeating stream, as in training, and says that too; so does a preview that restores a state saved by a repeating loader
+(``--load-state``, training's state).
 """
 
 from __future__ import annotations
@@ -60,16 +61,17 @@ def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str
              o: PreviewOptions) -> int:
     cfg = as_config(config_path)
     if o.split == "validation":
-        loader, repeating = build_val_loader(cfg, dp_rank=o.dp_rank, dp_size=o.dp_size), False
+        loader, repeating = build_val_loader(cfg, dp_rank=o.dp_rank, dp_size=o.dp_size), None
         source = cfg.data.validation
     else:
-        loader, repeating = _train_loader(cfg, batches, o)
+        if (o.save_state or o.load_state) and o.split != "train":
+            raise ConfigError("--save-state / --load-state apply to the train split")
+        state = load_state_file(o.load_state) if o.load_state else None
+        loader, repeating = _train_loader(cfg, batches, o, state)
+        if state is not None:
+            loader.load_state_dict(state, origin=f"loader state {o.load_state}")
         source = cfg.data.train
     pad_id = loader.dataset.encoder.pad_id if isinstance(source, MegatronSource) else None
-    if (o.save_state or o.load_state) and o.split != "train":
-        raise ConfigError("--save-state / --load-state apply to the train split")
-    if o.load_state:
-        loader.load_state_dict(load_state_file(o.load_state), origin=f"loader state {o.load_state}")
     tokenizer = None if as_json and not html else load_tokenizer(cfg.tokenizer)
     kept = []
     use_color = color == "always" or (color == "auto" and out.isatty())
@@ -109,24 +111,33 @@ def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str
     return 0
 
 
-def _train_loader(cfg, batches: Optional[int], o: PreviewOptions):
-    """The train split's loader for one epoch, and False; a weighted blend (no epoch) with
-    ``batches`` set: the repeating loader, and True."""
+def _train_loader(cfg, batches: Optional[int], o: PreviewOptions, state: Optional[dict]):
+    """The train split's loader for one epoch, and None; with ``batches`` set, the repeating
+    loader and why it repeats: for a weighted blend (no epoch), or for a ``state`` saved by a
+    repeating loader (training's), which only a repeating loader restores."""
+    kw = dict(dp_rank=o.dp_rank, dp_size=o.dp_size)
+    saved = state.get("fingerprint") if isinstance(state, dict) else None
+    if isinstance(saved, dict) and saved.get("repeat") is True:
+        if batches is None:
+            raise ConfigError(f"loader state {o.load_state} was saved by a repeating loader (training's): "
+                              "give --batches N to show the next N batches of its stream")
+        return build_train_loader(cfg, repeat=True, **kw), "the state was saved by a repeating loader"
     try:
-        return build_train_loader(cfg, repeat=False, dp_rank=o.dp_rank, dp_size=o.dp_size), False
+        return build_train_loader(cfg, repeat=False, **kw), None
     except ConfigError as e:
         if batches is None or "weighted blend has no epoch" not in str(e):
             raise
-    return build_train_loader(cfg, repeat=True, dp_rank=o.dp_rank, dp_size=o.dp_size), True
+    return build_train_loader(cfg, repeat=True, **kw), "a weighted blend has no epoch"
 
 
-def _extent(split: str, batches: Optional[int], printed: int, repeating: bool, stream, o: PreviewOptions) -> str:
+def _extent(split: str, batches: Optional[int], printed: int, repeating: Optional[str], stream,
+            o: PreviewOptions) -> str:
     """What the preview read, in words: the whole epoch, or that it stopped early. Whether a stop
     after ``batches`` was early is known by reading one batch more from ``stream``, except when a
     state is saved (the state is the position after the last batch shown)."""
     what = "the validation split" if split == "validation" else "the epoch"
     if repeating:
-        return f"{printed} batches of the repeating stream (a weighted blend has no epoch)"
+        return f"{printed} batches of the repeating stream ({repeating})"
     if batches is None or printed < batches:
         return f"{what}, whole: {printed} batches"
     if o.save_state:
