@@ -4,10 +4,18 @@
 name), created before the workers fork: each worker adds to its own row and the main process reads
 the sums at any time, so counts from workers that yield nothing afterwards are never lost. The
 loader's running statistics over them are ``loading.stats.LoaderStats``.
+
+What a process counted is also kept in that process until it is *reported*
+(``take_unreported``: its producer attaches it to the next batch it makes, e.g. a skip to
+``PackedBatch.skipped``); the reported sums are shared too, so that what no batch carried (a
+worker's counts after its last batch) is ``unreported_totals``. A count travels with a batch once,
+and only the batches a consumer takes report it: a resumed run that re-reads what a worker had read
+ahead counts it once.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -21,16 +29,43 @@ class SharedCounter:
     def __init__(self, names: Sequence[str], num_workers: int = 0) -> None:
         self.names = tuple(names)
         self.table = torch.zeros(num_workers + 1, len(self.names), dtype=torch.int64).share_memory_()
+        self.reported = torch.zeros_like(self.table).share_memory_()
+        self._unreported: dict[str, int] = {}       # this process's, not shared (module docstring)
+        self._pid = os.getpid()                     # a forked worker starts with none of its parent's
+
+    def _row(self) -> int:
+        info = torch.utils.data.get_worker_info()
+        return 0 if info is None else min(info.id + 1, self.table.shape[0] - 1)
 
     def add(self, name: str, n: int = 1) -> None:
-        info = torch.utils.data.get_worker_info()
-        row = 0 if info is None else min(info.id + 1, self.table.shape[0] - 1)
-        col = self.names.index(name) if name in self.names else self.names.index("other")
-        self.table[row, col] += n
+        name = name if name in self.names else "other"
+        self.table[self._row(), self.names.index(name)] += n
+        mine = self._mine()
+        mine[name] = mine.get(name, 0) + n
+
+    def _mine(self) -> dict[str, int]:
+        """This process's unreported counts."""
+        if self._pid != os.getpid():
+            self._pid, self._unreported = os.getpid(), {}
+        return self._unreported
 
     def totals(self) -> dict[str, int]:
         """Non-zero sums over all workers."""
         return {name: int(n) for name, n in zip(self.names, self.table.sum(0).tolist()) if n}
+
+    def take_unreported(self) -> dict[str, int]:
+        """This process's counts since its last call, by name; from now on they are reported."""
+        out = self._mine()
+        self._unreported = {}
+        row = self._row()
+        for name, n in out.items():
+            self.reported[row, self.names.index(name)] += n
+        return out
+
+    def unreported_totals(self) -> dict[str, int]:
+        """Non-zero sums, over all workers, of the counts no ``take_unreported`` has taken."""
+        left = (self.table - self.reported).sum(0).tolist()
+        return {name: int(n) for name, n in zip(self.names, left) if n}
 
 
 #: the sample this process began last (its shown key) and when (``time.monotonic()``): what a

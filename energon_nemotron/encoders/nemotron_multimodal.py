@@ -266,16 +266,17 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
     # -- batching --------------------------------------------------------------------------------
     @stateless
     def batch(self, samples: list[Union[PackedRow, EncodedSample]]) -> Any:
-        """A ``PackedBatch`` of the rows, or the configured output's batch (``encoders.outputs``;
-        it reports this process's skips since its previous batch: telemetry, not stream state)."""
+        """A ``PackedBatch`` of the rows, or the configured output's batch (``encoders.outputs``).
+        Either carries this process's skips since its previous batch (``PackedBatch.skipped``;
+        telemetry, not stream state): a skip is reported by the batch its worker makes next, so
+        only consumed batches report skips, each once."""
         rows = [s if isinstance(s, PackedRow) else self.pack_selected_samples([s]) for s in samples]
         batch: PackedBatch = batch_rows(rows)
         batch.mtp_num_layers = self.options.mtp_num_layers
+        batch.skipped = self.counters.take_pending()
         if self.output is None:
             return batch
-        out = self.output.convert(batch, self.options, dict(self.counters.pending))
-        self.counters.take_pending()
-        return out
+        return self.output.convert(batch, self.options, dict(batch.skipped))
 
 
 def _warn_buffer_over_data(datasets: list, buffer: int, worker_config: Any) -> None:

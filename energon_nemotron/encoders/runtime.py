@@ -7,9 +7,10 @@ the over-length policy's skips, and every skip of ``on_error: skip`` through the
 ``decodes``: media decoded by modality (``media.handlers.MEDIA_COUNTERS``); ``lookups``: media found
 by basename in an aux source (``cookers.media_sources.LOOKUP_COUNTERS``). The three are shared
 across ``DataLoader`` workers (``telemetry.SharedCounter``: build them for the loader's worker
-count before the workers start). ``pending``: this process's skips not yet reported in a batch
-(read by consumers that take the encoder's batches without this library's loader, e.g.
-Megatron-Bridge's data module; telemetry, not stream state).
+count before the workers start). :meth:`EncoderCounters.take_pending`: this process's skips not
+yet reported in a batch, which the encoder's ``batch`` attaches to the batch it makes
+(``PackedBatch.skipped``, or the consumer's key, e.g. Megatron-Bridge's data module; telemetry,
+not stream state; ``telemetry.SharedCounter.take_unreported``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ class EncoderCounters:
     skipped: Any = field(default_factory=skip_counter)
     decodes: Any = field(default_factory=lambda: SharedCounter(MEDIA_COUNTERS))
     lookups: Any = field(default_factory=lambda: SharedCounter(LOOKUP_COUNTERS))
-    pending: dict = field(default_factory=dict)
 
     @classmethod
     def for_workers(cls, num_workers: int) -> "EncoderCounters":
@@ -61,16 +61,16 @@ class EncoderCounters:
         encoder runs under another loader than this library's)."""
         for _ in range(n):
             self.skipped.add(code)
-            self.pending[code] = self.pending.get(code, 0) + 1
 
     def read(self) -> None:
         """One sample read and encoded (the skip limits' window, ``guards.skip_limits``)."""
         record_pass(self.skipped)
 
     def take_pending(self) -> dict[str, int]:
-        """This process's skips since the last call, by reason."""
-        out, self.pending = self.pending, {}
-        return out
+        """This process's skips since the last call, by reason (none from a counter that does not
+        report, e.g. :class:`NoCount`)."""
+        take = getattr(self.skipped, "take_unreported", None)
+        return take() if take is not None else {}
 
 
 @dataclass

@@ -102,8 +102,9 @@ def _megatron_loader(cfg: LoaderConfig, src: MegatronSource, validation: bool, s
                                        shuffle_seed=shuffle)
     if shuffle is not None:
         dataset.row_index()             # one pass over the file, here, so the workers inherit it
+    workers = cfg.loader.num_workers
     return torch.utils.data.DataLoader(dataset, batch_size=cfg.loader.batch_size, collate_fn=collate_rows,
-                                       num_workers=cfg.loader.num_workers)
+                                       num_workers=workers, prefetch_factor=cfg.loader.prefetch_factor if workers else None)
 
 
 def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, repeat: bool,
@@ -227,8 +228,11 @@ class Loader:
         return self.inner.dataset
 
     def skipped(self) -> dict[str, int]:
-        """Samples skipped so far, by reason (all workers)."""
-        return self.stats.skips.totals()
+        """Samples skipped so far, by reason: what the batches taken so far carry
+        (``PackedBatch.skipped``), and once the iteration has ended (its end, or an error) also
+        what the workers skipped after their last batch. Each bad sample counts once, also across
+        a resume, however far the workers had read ahead."""
+        return self.stats.skipped()
 
     def telemetry(self) -> dict:
         """Batches, packs, samples, tokens, fill ratio, tokens/s, media decoded and skips so far."""
@@ -238,7 +242,7 @@ class Loader:
         if self.rows:
             self.positions = dict(self.inner.dataset.resume_positions)
             self.next_worker = self.inner.dataset.worker_offset
-        seen: dict[str, int] = self.skipped()
+        self.stats.ended = False
         for batch in self._batches():
             if self.rows and batch.__restore_key__:
                 _, worker, position = batch.__restore_key__
@@ -246,9 +250,6 @@ class Loader:
                 self.next_worker = (int(worker) + 1) % max(self.inner.num_workers, 1)
             if self.recent is not None:
                 self.recent.add(batch.__restore_key__)
-            now = self.skipped()
-            batch.skipped = {k: n - seen.get(k, 0) for k, n in now.items() if n != seen.get(k, 0)}
-            seen = now
             self.stats.update(batch)
             yield batch
 
@@ -262,8 +263,10 @@ class Loader:
             try:
                 batch = next(inner)
             except StopIteration:
+                self.stats.ended = True
                 return
-            except RuntimeError as e:
+            except Exception as e:
+                self.stats.ended = True
                 error = stalls.worker_exit_error(e)
                 if error is None:
                     raise

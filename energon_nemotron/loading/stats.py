@@ -24,10 +24,14 @@ class LoaderStats:
         self.skips, self.decodes, self.pad_id, self.log_every = skips, decodes, pad_id, log_every
         self.lookups = lookups      # media found by basename in an aux source (cookers.media_sources)
         self.batches = self.rows = self.samples = self.tokens = self.positions = 0
+        self.carried: dict[str, int] = {}    # the skips the batches so far carried (PackedBatch.skipped)
+        self.ended = False                   # the iteration ended: add what no batch carried
         self.start = time.perf_counter()
 
     def update(self, batch) -> None:
         self.batches += 1
+        for reason, n in batch.skipped.items():
+            self.carried[reason] = self.carried.get(reason, 0) + n
         self.rows += batch.batch_size
         self.positions += batch.batch_size * batch.seq_length
         self.samples += sum(len(k) for k, pad in zip(batch.sample_keys, batch.is_padding) if not pad)
@@ -38,6 +42,15 @@ class LoaderStats:
         if self.log_every and self.batches % self.log_every == 0:
             log.info(self.line())
 
+    def skipped(self) -> dict[str, int]:
+        """The skips the batches so far carried; once the iteration ended, plus those no batch
+        carried (a worker's skips after its last batch; ``telemetry.SharedCounter``)."""
+        out = dict(self.carried)
+        left = self.skips.unreported_totals() if self.ended and hasattr(self.skips, "unreported_totals") else {}
+        for reason, n in left.items():
+            out[reason] = out.get(reason, 0) + n
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
     def as_dict(self) -> dict:
         seconds = time.perf_counter() - self.start
         media = self.decodes.totals() if self.decodes is not None else {}
@@ -47,7 +60,7 @@ class LoaderStats:
                 "fill_ratio": self.tokens / self.positions if self.positions else 0.0,
                 "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "seconds": seconds,
                 "media_decoded": media, "audio_truncated": truncated, "basename_fallback": fallback,
-                "skipped": self.skips.totals()}
+                "skipped": self.skipped()}
 
     def line(self) -> str:
         d = self.as_dict()

@@ -31,6 +31,16 @@ def collate_rows(rows: Sequence[dict[str, Any]]) -> PackedBatch:
         max_seqlen=[int(r["max_seqlen"]) for r in rows],
         sample_keys=[list(r.get("sample_keys", [])) for r in rows],
         is_padding=[bool(r.get("is_padding", False)) for r in rows],
+        skipped=_summed(r.get("skipped", {}) for r in rows),
         # ("megatron_rows", worker id, items of that worker's stream consumed): the resume position
         __restore_key__=("megatron_rows", *rows[-1]["position"]) if "position" in rows[-1] else (),
     )
+
+
+def _summed(counts) -> dict[str, int]:
+    """The per-reason sums of ``counts`` (dicts of reason -> count)."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for reason, n in c.items():
+            out[reason] = out.get(reason, 0) + n
+    return out

@@ -287,8 +287,15 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
                     with_pad.append(self._label(fi, line_no))
             out["is_padding"] = padding
             out["position"] = (wid, position)
+            out["skipped"] = self._unreported_skips()          # the rows skipped since this worker's last row
             yield out
         self._report(rows, truncated, oversized, with_pad, dict(skipped))
+
+    def _unreported_skips(self) -> dict[str, int]:
+        """This process's skips not yet carried by a row (``telemetry.SharedCounter``; none from a
+        counter that does not report, e.g. the stats reader's)."""
+        take = getattr(self.skips, "take_unreported", None)
+        return take() if take is not None else {}
 
     def _padding_rows(self, first: int, step: int) -> Iterator[tuple[int, int, bytes]]:
         """This worker's share of the rank's padding rows (real row index >= N): (file, line, raw)."""
