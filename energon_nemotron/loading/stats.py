@@ -5,6 +5,7 @@ found by basename in an aux source, samples skipped by reason)."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Optional
 
@@ -17,7 +18,7 @@ __all__ = ["LoaderStats"]
 
 class LoaderStats:
     """Running totals of a loader's batches; ``line()`` is the one-line summary that is logged
-    every ``log_every`` batches (logger ``energon_nemotron``, level INFO)."""
+    every ``log_every`` batches (:func:`emit`)."""
 
     def __init__(self, skips: SharedCounter, decodes: Optional[SharedCounter], pad_id: Optional[int] = None,
                  log_every: int = 0, lookups: Optional[SharedCounter] = None) -> None:
@@ -40,7 +41,7 @@ class LoaderStats:
         else:
             self.tokens += sum(int(c[-1]) for c in batch.cu_seqlens)
         if self.log_every and self.batches % self.log_every == 0:
-            log.info(self.line())
+            emit(self.line())
 
     def skipped(self) -> dict[str, int]:
         """The skips the batches so far carried; once the iteration ended, plus those no batch
@@ -70,3 +71,13 @@ class LoaderStats:
         fallback = f" | media found by basename: {d['basename_fallback']}" if d["basename_fallback"] else ""
         return (f"batches {d['batches']} | packs {d['packs']} | samples {d['samples']} | fill {d['fill_ratio']:.2%} | "
                 f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media}{truncated}{fallback} | skipped: {skipped}")
+
+
+def emit(line: str) -> None:
+    """Log ``line`` at INFO on the logger ``energon_nemotron`` where logging is set up to show it
+    (a handler, and INFO enabled); else write it to stderr as ``energon_nemotron: LINE``, so that
+    ``loader.log_every`` prints without the user configuring logging."""
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(line)
+    else:
+        print(f"energon_nemotron: {line}", file=sys.stderr, flush=True)
