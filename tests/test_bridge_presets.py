@@ -119,3 +119,48 @@ def test_conversion_refuses_rows_the_model_cannot_take(tmp_path):
     wide = tiled.batch([encode(tiled, crude("t1", "<image>\nWhat is it?", jpg=make_image(1200, 400)))])
     with pytest.raises(BridgeBatchError, match=r"^t1: a tiled image"):
         to_nemotron_omni_step_batch(wide)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"image": {"mode": "tiling", "max_tiles": 4}}, r"image: tiling with max_tiles 4, use_thumbnail True makes tiled"),
+    ({"image": {"mode": "tiling", "max_tiles": 1}}, r"max_tiles 1, use_thumbnail True makes tiled images"),
+    ({"image": {"patch_size": 8}}, r"image\.patch_size = 8: output nemotron_omni_step .* takes patch_size 16"),
+    ({"video": {"downsample": 1}}, r"video\.downsample = 1: .* takes downsample 2"),
+    ({"preset": "nemotron_omni", "mtp_num_layers": 1}, r"mtp_num_layers = 1: output nemotron_omni_step is not MTP-safe"),
+])
+def test_the_omni_step_refuses_at_start_what_its_model_cannot_take(tmp_path, kw, match):
+    """Known from the options: refused when the encoder is built, not pack by pack while training
+    (where a refused pack takes its innocent samples with it)."""
+    with pytest.raises(ConfigError, match=match):
+        encoder(tmp_path, output="nemotron_omni_step", **kw)
+    encoder(tmp_path, **kw)                                  # packed_batch takes them all
+    if "mtp_num_layers" in kw:
+        encoder(tmp_path, output="gpt_step", mtp_num_layers=1)   # gpt_step is MTP-safe
+
+
+def test_a_loader_that_does_not_pack_as_configured_is_refused_at_start(tmp_path):
+    """Bridge's data module (or any Energon loader) given no or another packing_buffer_size than the
+    encoder's packing.buffer_size: one sample per row, silently, without this check."""
+    from megatron.energon import WorkerConfig, get_train_dataset
+
+    from energon_data import text_dataset
+
+    text_dataset(tmp_path / "t", "general_conversations", 12)
+    packing = {"algorithm": "first_fit_decreasing", "buffer_size": 8}
+    cfg = loader_yaml(tmp_path / "c.yaml", {"path": str(tmp_path / "t")}, seq_length=4096, packing=packing)
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+
+    def build(enc, size):
+        return get_train_dataset(str(tmp_path / "t"), worker_config=wc, batch_size=1, shuffle_buffer_size=None,
+                                 max_samples_per_sequence=None, task_encoder=enc, packing_buffer_size=size)
+
+    with pytest.raises(ConfigError, match=r"^packing.buffer_size is 8 but the loader builds the dataset with "
+                                          r"packing_buffer_size None: every row would hold one sample; pass "
+                                          r"packing_buffer_size=8 \(Megatron-Bridge: EnergonMultiModalDataModule"):
+        build(build_task_encoder(cfg), None)
+    with pytest.raises(ConfigError, match=r"packing_buffer_size 16: the packer would see other buffers"):
+        build(build_task_encoder(cfg), 16)
+    unpacked = loader_yaml(tmp_path / "u.yaml", {"path": str(tmp_path / "t")}, seq_length=4096)
+    with pytest.raises(ConfigError, match=r"the loader packs \(packing_buffer_size 8\) but the encoder has no packing"):
+        build(build_task_encoder(unpacked), 8)
+    assert build(build_task_encoder(cfg), 8) is not None

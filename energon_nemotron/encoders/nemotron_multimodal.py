@@ -101,6 +101,8 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         if tolerance is not None:                   # 0: skipping never turns into a fatal error
             set_default_failure_tolerance(self, tolerance)
         self.output = batch_output(o.output)
+        if self.output is not None:
+            self.output.check_options(o)            # a configuration the consumer cannot take: now
         self.tokenize_per_buffer = runtime.tokenize_per_buffer
         #: what the build methods learn of the loader: a one-pass read (``train`` / ``val`` / None)
         #: and, with packing, the per-buffer tokenizer (made with the worker config's error handler)
@@ -115,8 +117,28 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         if not isinstance(worker_config.global_error_handler, SampleErrorHandler):
             worker_config.global_error_handler = ErrorPolicy(self.options.on_error or "raise", self.counters)
 
+    def _check_packing_buffer(self, packing_buffer_size: Optional[int]) -> None:
+        """A training loader must pack as ``packing`` says (Energon packs only when given a
+        ``packing_buffer_size``): else every row would hold one sample, or the packer would see
+        other buffers than the configuration's. A ``ConfigError`` at start. (Not checked for
+        validation datasets, which readers such as ``stats`` build unpacked on purpose.)"""
+        want = self.packing.buffer_size if self.packing is not None else None
+        if (packing_buffer_size or None) == want:
+            return
+        fix = ("Megatron-Bridge: EnergonMultiModalDataModule(..., packing_buffer_size=N); Energon: "
+               "get_train_dataset(..., packing_buffer_size=N)")
+        if want is None:
+            raise ConfigError(f"the loader packs (packing_buffer_size {packing_buffer_size}) but the encoder has no "
+                              f"packing configuration; set packing: {{algorithm: ..., buffer_size: "
+                              f"{packing_buffer_size}}} or build the dataset without packing_buffer_size")
+        raise ConfigError(f"packing.buffer_size is {want} but the loader builds the dataset with packing_buffer_size "
+                          f"{packing_buffer_size}: " + ("every row would hold one sample" if not packing_buffer_size
+                                                         else "the packer would see other buffers")
+                          + f"; pass packing_buffer_size={want} ({fix})")
+
     def build_train_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
+        self._check_packing_buffer(kwargs.get("packing_buffer_size"))
         check_datasets(self.media, self.options.modalities, kwargs["datasets"], self.cookers)
         self.one_pass = None if kwargs.get("repeat", True) else "train"
         self.buffer_tokenizer = None

@@ -24,6 +24,10 @@ __all__ = ["BatchOutput", "PACKED_BATCH", "batch_output"]
 class BatchOutput(Protocol):
     """A consumer's batch format (registered in ``registry.BATCH_OUTPUTS``)."""
 
+    def check_options(self, options: Any) -> None:
+        """Raise ``ConfigError`` when the encoder ``options`` can make batches the consumer cannot
+        take (checked once, when the encoder is built)."""
+
     def check_media(self, key: str, kinds: set[str], options: Any) -> None:
         """Raise ``DataError`` (naming ``key``) when a sample with media of ``kinds`` cannot be
         carried under the encoder ``options``."""

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 from energon_nemotron.batch import PackedBatch
 from energon_nemotron.errors import ConfigError, DataError
+from energon_nemotron.encoders.options import media_options
+from energon_nemotron.encoders.presets import VISION_PATCHES
 from energon_nemotron.integrations.megatron_bridge import to_gpt_step_batch, to_nemotron_omni_step_batch
 from energon_nemotron.registry import BATCH_OUTPUTS
 
@@ -31,6 +33,35 @@ def telemetry(batch: PackedBatch, row: int = 0) -> dict:
             "fill_ratio": tokens / batch.seq_length, "media": media}
 
 
+def _omni_options(options: Any) -> None:
+    """What Bridge 0.6.2's Nemotron Omni model cannot take, known from the options: other than
+    16 px patches with 2x2 pixel shuffle, tiled images (more than one unit per image), and
+    multi-token prediction (the step's ``cu_seqlens_q`` holds real lengths, so megatron-core's MTP
+    roll would cross segments and train pads; ``gpt_step`` is MTP-safe)."""
+    where = "task_encoder.options"
+    for kind in ("image", "video"):
+        typed = media_options(kind, getattr(options, kind))
+        for name, want in VISION_PATCHES.items():
+            if getattr(typed, name) != want:
+                raise ConfigError(f"{where}.{kind}.{name} = {getattr(typed, name)!r}: output nemotron_omni_step "
+                                  f"(Bridge's Nemotron Omni vision path) takes {name} {want}; use the "
+                                  "nemotron_omni preset")
+    image = media_options("image", options.image)
+    if image.mode == "tiling" and (image.max_tiles > 1 or image.use_thumbnail):
+        raise ConfigError(f"{where}.image: tiling with max_tiles {image.max_tiles}, use_thumbnail "
+                          f"{image.use_thumbnail} makes tiled images; output nemotron_omni_step (Bridge's Nemotron "
+                          "Omni model) takes one unit per image: use the nemotron_omni or nemotron_omni_temporal "
+                          "preset")
+    if options.mtp_num_layers:
+        raise ConfigError(f"{where}.mtp_num_layers = {options.mtp_num_layers}: output nemotron_omni_step is not "
+                          "MTP-safe (its cu_seqlens_q holds real lengths, so megatron-core's MTP roll crosses "
+                          "segments and trains pads); use output gpt_step for text, or packed_batch")
+
+
+def _no_options(options: Any) -> None:
+    """``gpt_step`` takes any layout (it refuses media per sample) and is MTP-safe."""
+
+
 def _omni_media(key: str, kinds: set[str], options: Any) -> None:
     if "video" in kinds and options.temporal_patch_dim == 1:
         raise DataError(key, "has video; Bridge's Nemotron Omni model takes video only with its temporal "
@@ -45,12 +76,17 @@ def _text_only(key: str, kinds: set[str], options: Any) -> None:
 @dataclass(frozen=True)
 class StepOutput:
     """One Bridge step: ``step`` converts one row (``integrations.megatron_bridge``), ``media``
-    refuses what the step's model cannot take, ``temporal``: the step takes ``temporal_patch_dim``."""
+    refuses a sample the step's model cannot take, ``options`` a configuration whose batches it
+    cannot take (at start), ``temporal``: the step takes ``temporal_patch_dim``."""
 
     name: str
     step: Callable[..., dict]
     media: Callable[[str, set, Any], None]
+    options: Callable[[Any], None]
     temporal: bool = False
+
+    def check_options(self, options: Any) -> None:
+        self.options(options)
 
     def check_media(self, key: str, kinds: set[str], options: Any) -> None:
         self.media(key, kinds, options)
@@ -68,5 +104,5 @@ class StepOutput:
 
 
 BATCH_OUTPUTS.register("nemotron_omni_step", StepOutput("nemotron_omni_step", to_nemotron_omni_step_batch,
-                                                        _omni_media, temporal=True))
-BATCH_OUTPUTS.register("gpt_step", StepOutput("gpt_step", to_gpt_step_batch, _text_only))
+                                                        _omni_media, _omni_options, temporal=True))
+BATCH_OUTPUTS.register("gpt_step", StepOutput("gpt_step", to_gpt_step_batch, _text_only, _no_options))

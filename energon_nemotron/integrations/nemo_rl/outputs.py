@@ -27,6 +27,9 @@ class NemoRLPackedOutput:
 
     name: str = "nemo_rl_packed"
 
+    def check_options(self, options: Any) -> None:
+        """Nothing to refuse: NeMo-RL's prepacked path takes any layout the options make."""
+
     def check_media(self, key: str, kinds: set[str], options: Any) -> None:
         """Nothing to refuse: NeMo-RL's Nemotron path takes images, video and audio."""
 
