@@ -96,7 +96,7 @@ def dtype_batch(seed: int) -> PackedBatch:
 def test_text_round_trip():
     batch = text_batch()
     header, buffers = packed_batch_to_wire(batch)
-    assert sorted(buffers) == ["float32", "int32", "int64"]
+    assert sorted(buffers) == ["bool", "float32", "int32", "int64"]      # bool: padding_mask
     assert all(b.dtype == torch.uint8 and b.dim() == 1 for b in buffers.values())
     header = json.loads(json.dumps(header))  # it is JSON
     tensor_fields = set(header["tensors"]) | {"cu_seqlens", "cu_seqlens_padded", "media"}

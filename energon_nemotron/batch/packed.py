@@ -10,12 +10,13 @@ import torch
 
 from energon_nemotron.batch.checks import check_media
 from energon_nemotron.batch.media import BatchMedia, MediaSpan
+from energon_nemotron.batch.padding import alignment_padding
 from energon_nemotron.tensors.flat import pack, unpack
 
 #: the label of a position that is not trained
 IGNORE_INDEX = -100
 #: the ``PackedBatch`` fields pickled in one flat buffer
-_FLAT_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded")
+_FLAT_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "padding_mask", "cu_seqlens", "cu_seqlens_padded")
 
 __all__ = ["PackedBatch", "IGNORE_INDEX"]
 
@@ -37,6 +38,10 @@ class PackedBatch:
     - ``sample_keys``: per row, the key of every source in order.
     - ``is_padding``: per row, True for a row that only evens out data-parallel ranks
       (its ``loss_mask`` is all zero).
+    - ``padding_mask``: bool [B, S], True at every position that holds no token of a segment
+      (alignment padding and the row's tail; ``batch.padding``): never trained, and excluded from
+      a mixture-of-experts router's statistics. Derived from the boundaries when not given (the
+      Energon layout); the Megatron-LM path gives it (its pads sit inside the segments).
     - ``media``: the media items' tensors (:class:`BatchMedia`; Energon path, empty on the
       Megatron-LM path).
     - ``media_spans``: per row, one :class:`MediaSpan` per media item, in placeholder order
@@ -52,6 +57,7 @@ class PackedBatch:
     max_seqlen: list[int]
     sample_keys: list[list[str]]
     is_padding: list[bool] = field(default_factory=list)
+    padding_mask: Any = None
     media: BatchMedia = field(default_factory=BatchMedia)
     #: per-reason counts of samples skipped since the previous batch of the same worker
     skipped: dict[str, int] = field(default_factory=dict)
@@ -65,6 +71,11 @@ class PackedBatch:
     def __post_init__(self) -> None:
         if not self.is_padding:
             self.is_padding = [False] * self.tokens.shape[0]
+        if self.padding_mask is None:
+            s = self.tokens.shape[1]
+            self.padding_mask = torch.stack([alignment_padding(c, p, s) for c, p in
+                                             zip(self.cu_seqlens, self.cu_seqlens_padded)]).to(self.tokens.device) \
+                if self.cu_seqlens else torch.zeros(self.tokens.shape, dtype=torch.bool)
         if not self.media_spans:
             self.media_spans = [[] for _ in range(self.tokens.shape[0])]
         if not isinstance(self.media, BatchMedia):
@@ -81,8 +92,8 @@ class PackedBatch:
         one segment per tensor. ``media`` (a ``BatchMedia``) pickles as its ``PackedTensor``s do."""
         state = dict(self.__dict__)
         rows = len(self.cu_seqlens)
-        tensors = [self.tokens, self.labels, self.loss_mask, self.position_ids, *self.cu_seqlens,
-                   *self.cu_seqlens_padded]
+        tensors = [self.tokens, self.labels, self.loss_mask, self.position_ids, self.padding_mask,
+                   *self.cu_seqlens, *self.cu_seqlens_padded]
         packed = pack(tensors) if len(self.cu_seqlens_padded) == rows else None
         if packed is not None:
             for name in _FLAT_FIELDS:
@@ -96,7 +107,8 @@ class PackedBatch:
             buffer, layout, rows = flat
             views = unpack(buffer, layout)
             state.update(tokens=views[0], labels=views[1], loss_mask=views[2], position_ids=views[3],
-                         cu_seqlens=views[4:4 + rows], cu_seqlens_padded=views[4 + rows:4 + 2 * rows])
+                         padding_mask=views[4], cu_seqlens=views[5:5 + rows],
+                         cu_seqlens_padded=views[5 + rows:5 + 2 * rows])
         self.__dict__.update(state)
 
     @property
@@ -116,8 +128,8 @@ class PackedBatch:
         """Check the contract (dtypes, shapes, boundaries, media against their spans: see
         :func:`~energon_nemotron.batch.checks.check_media`); raise ``ValueError`` on a violation."""
         b, s = self.tokens.shape
-        for name, dtype in (("tokens", torch.int64), ("labels", torch.int64),
-                            ("loss_mask", torch.float32), ("position_ids", torch.int64)):
+        for name, dtype in (("tokens", torch.int64), ("labels", torch.int64), ("loss_mask", torch.float32),
+                            ("position_ids", torch.int64), ("padding_mask", torch.bool)):
             t = getattr(self, name)
             if t.dtype != dtype or tuple(t.shape) != (b, s):
                 raise ValueError(f"PackedBatch.{name}: expected {dtype} [{b}, {s}], "
@@ -142,6 +154,8 @@ class PackedBatch:
                 raise ValueError(f"row {i}: max_seqlen {self.max_seqlen[i]} != longest segment {longest}")
         if bool(((self.loss_mask != 0) & (self.labels == IGNORE_INDEX)).any()):
             raise ValueError("loss_mask is 1 at a position whose label is -100")
+        if bool(((self.loss_mask != 0) & self.padding_mask).any()):
+            raise ValueError("loss_mask is 1 at a position padding_mask marks as padding")
         if len(self.media_spans) != b:
             raise ValueError(f"PackedBatch.media_spans: expected {b} rows")
         check_media(self)
@@ -171,6 +185,7 @@ class PackedBatch:
             "labels": self.labels[i],
             "loss_mask": self.loss_mask[i],
             "position_ids": self.position_ids[i],
+            "padding_mask": self.padding_mask[i],
             "cu_seqlens": self.cu_seqlens[i],
             "cu_seqlens_padded": self.cu_seqlens_padded[i],
             "max_seqlen": self.max_seqlen[i],
@@ -197,7 +212,8 @@ class PackedBatch:
         """A copy with ``fn`` applied to every tensor and ``PackedTensor`` (rows, boundaries, media)."""
         return self.replace(
             tokens=fn(self.tokens), labels=fn(self.labels), loss_mask=fn(self.loss_mask),
-            position_ids=fn(self.position_ids), cu_seqlens=[fn(c) for c in self.cu_seqlens],
+            position_ids=fn(self.position_ids), padding_mask=fn(self.padding_mask),
+            cu_seqlens=[fn(c) for c in self.cu_seqlens],
             cu_seqlens_padded=[fn(c) for c in self.cu_seqlens_padded],
             media=self.media.map(fn),
             max_seqlen=list(self.max_seqlen), sample_keys=[list(k) for k in self.sample_keys],

@@ -171,6 +171,9 @@ def to_nemotron_omni_step_batch(batch: PackedBatch, row: int = 0, *, temporal_pa
     - with audio: ``sound_clips`` float32 [clips, T_max, 128], ``sound_length`` int64 [clips].
     - ``cu_seqlens_q``/``_kv`` int32 [n+1] (real lengths: ``exact_lengths``), ``cu_seqlens_q_padded``
       /``_kv_padded`` int32 [n+1], ``max_seqlen_q``/``_kv`` int32 scalars, ``total_tokens`` int (= S).
+    - ``padding_mask`` bool [1, S]: ``PackedBatch.padding_mask``, in the expanded coordinates the
+      language model (and a mixture-of-experts router in it) sees once ``LLaVAModel`` has put the
+      images back; Bridge 0.6.2's step does not read it (unknown keys are None there).
 
     ``temporal_patch_dim``: the model provider's field (1: dynamic-resolution images, no video;
     2: the temporal embedder, every image and frame 512x512). ``image_token_id``: checked against
@@ -190,6 +193,7 @@ def to_nemotron_omni_step_batch(batch: PackedBatch, row: int = 0, *, temporal_pa
         "loss_mask": loss_mask[keep].unsqueeze(0).to(torch.float32),
         "position_ids": _compact_positions(keep, batch.cu_seqlens_padded[row]).unsqueeze(0),
         "attention_mask": None,
+        "padding_mask": batch.padding_mask[row].unsqueeze(0),          # expanded: what the LM sees
     }
     visual = [(span, i) for span, i in items if not span.is_audio]
     audio = [i for span, i in items if span.is_audio]
@@ -205,7 +209,8 @@ def to_gpt_step_batch(batch: PackedBatch, row: int = 0) -> dict[str, Any]:
     """Row ``row`` as the dict ``gpt_step.get_batch`` reads (text only).
 
     ``tokens``, ``labels``, ``position_ids`` int64 [1, S]; ``loss_mask`` float32 [1, S];
-    ``attention_mask`` None; ``cu_seqlens_q``/``_kv`` = ``cu_seqlens_q_padded``/``_kv_padded``
+    ``padding_mask`` bool [1, S] (``PackedBatch.padding_mask``: what a mixture-of-experts router
+    leaves out); ``attention_mask`` None; ``cu_seqlens_q``/``_kv`` = ``cu_seqlens_q_padded``/``_kv_padded``
     int32 [n+1], the *padded* boundaries: megatron-core's multi-token-prediction roll reads
     ``cu_seqlens_q`` as physical offsets, so pads stay inside their segment and no target crosses
     one (causal attention over a segment's trailing pads leaves its real tokens unchanged, as
@@ -223,6 +228,7 @@ def to_gpt_step_batch(batch: PackedBatch, row: int = 0) -> dict[str, Any]:
         "loss_mask": batch.loss_mask[row].unsqueeze(0),
         "position_ids": batch.position_ids[row].unsqueeze(0),
         "attention_mask": None,
+        "padding_mask": batch.padding_mask[row].unsqueeze(0),
     }
     out.update(_boundaries(batch, row, exact_lengths=False))
     return out

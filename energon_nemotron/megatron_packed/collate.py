@@ -26,6 +26,7 @@ def collate_rows(rows: Sequence[dict[str, Any]]) -> PackedBatch:
         labels=torch.stack([r["labels"] for r in rows]),
         loss_mask=torch.stack([r["loss_mask"] for r in rows]),
         position_ids=torch.stack([r["position_ids"] for r in rows]),
+        padding_mask=torch.stack([r["padding_mask"] for r in rows]),
         cu_seqlens=[r["cu_seqlens"] for r in rows],
         cu_seqlens_padded=[r["cu_seqlens"] for r in rows],
         max_seqlen=[int(r["max_seqlen"]) for r in rows],

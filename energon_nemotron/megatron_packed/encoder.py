@@ -186,7 +186,8 @@ class MegatronSFTPackedEncoder:
         Returns:
             ``tokens`` int64 [L], ``labels`` int64 [L] (-100 and the pad id kept as Megatron-LM emits
             them), ``loss_mask`` float32 [L], ``position_ids`` int64 [L], ``cu_seqlens`` int32 [n+1]
-            (stripped: what reaches ``PackedSeqParams``), ``max_seqlen`` int; and metadata:
+            (stripped: what reaches ``PackedSeqParams``), ``max_seqlen`` int, ``padding_mask`` bool [L]
+            (True where no conversation's token sits: CP pads and the row's tail); and metadata:
             ``sample_keys`` (one per kept conversation), ``num_conversations``, ``truncated`` (bool),
             ``dropped_conversations`` (int), ``pad_in_content`` (pad ids inside real tokens).
         """
@@ -200,6 +201,7 @@ class MegatronSFTPackedEncoder:
         pack_tokens = np.full(cap, pad, dtype=np.int64)
         pack_targets = np.full(cap, pad, dtype=np.int64)
         positions = np.zeros(cap, dtype=np.int64)
+        padding = np.ones(cap, dtype=bool)
         cu = [0]
         n = kept = pad_in_content = 0
         truncated = False
@@ -214,6 +216,7 @@ class MegatronSFTPackedEncoder:
             real = min(m, take)
             pack_tokens[n:n + real] = tokens[:real]
             pack_targets[n:n + real] = targets[:real]
+            padding[n:n + real] = False
             positions[n:n + take] = np.arange(take)
             pad_in_content += int(np.count_nonzero(tokens[:real] == pad))
             kept += 1
@@ -236,6 +239,7 @@ class MegatronSFTPackedEncoder:
             "labels": torch.from_numpy(labels.copy()),
             "loss_mask": torch.from_numpy(loss_mask),
             "position_ids": torch.from_numpy(positions[:L].copy()),
+            "padding_mask": torch.from_numpy(padding[:L].copy()),
             "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
             "max_seqlen": int(max(b - a for a, b in zip(cu, cu[1:]))),
             "sample_keys": [f"{keys_base}#{i}" for i in range(kept)],

@@ -21,7 +21,7 @@ rebuild the same segment table (``batches_equal`` compares it). ``stats`` (a
 
 Header::
 
-    {"version": 2, "chunk_bytes": int, "buffers": {dtype_name: nbytes},
+    {"version": 3, "chunk_bytes": int, "buffers": {dtype_name: nbytes},
      "tensors": {"tokens": T, "labels": T, "loss_mask": T, "position_ids": T},
      "cu_seqlens": [T, ...], "cu_seqlens_padded": [T, ...],    # one int32 T per row
      "media": [[name, M], ...],         # the BatchMedia fields that are set, in field order
@@ -53,9 +53,10 @@ from energon_nemotron.batch import BatchMedia, MediaSpan, PackedBatch
 __all__ = ["broadcast_packed_batch", "packed_batch_to_wire", "packed_batch_from_wire", "batches_equal",
            "BroadcastStats"]
 
-#: 2: deduplicated PackedTensors (a ``dedup`` segment table in the wire header, physical bytes only)
-WIRE_VERSION = 2
-_TENSORS = ("tokens", "labels", "loss_mask", "position_ids")
+#: 2: deduplicated PackedTensors (a ``dedup`` segment table in the wire header, physical bytes only);
+#: 3: ``padding_mask`` (bool) among the row tensors
+WIRE_VERSION = 3
+_TENSORS = ("tokens", "labels", "loss_mask", "position_ids", "padding_mask")
 #: the non-tensor fields (JSON in the header), whatever ``PackedBatch`` holds, ``__restore_key__`` too
 _META = tuple(f.name for f in dataclasses.fields(PackedBatch)
               if f.name not in (*_TENSORS, "cu_seqlens", "cu_seqlens_padded", "media"))

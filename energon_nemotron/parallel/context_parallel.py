@@ -62,7 +62,7 @@ def partition_indices(cu_seqlens_padded: torch.Tensor | Sequence[int], cp_size: 
     return starts[seg] + chunk_id * c + within
 
 
-ROW_TENSORS = ("tokens", "labels", "loss_mask", "position_ids")
+ROW_TENSORS = ("tokens", "labels", "loss_mask", "position_ids", "padding_mask")
 
 
 def slice_for_cp_rank(tensors, cu_seqlens_padded, cp_size: int, cp_rank: int, dim: int = -1):
@@ -72,7 +72,7 @@ def slice_for_cp_rank(tensors, cu_seqlens_padded, cp_size: int, cp_rank: int, di
         tensors: name → tensor whose ``dim`` has length T (e.g. tokens, labels, loss_mask,
             position_ids of one row, [T] or [1, T]). Boundaries and max_seqlen are *not* sliced:
             keep them out of this dict; they stay global. Or a ``PackedBatch``: each row's
-            tokens/labels/loss_mask/position_ids [B, S] are sliced by its own
+            tokens/labels/loss_mask/position_ids/padding_mask [B, S] are sliced by its own
             ``cu_seqlens_padded`` (pass None for ``cu_seqlens_padded``) and a ``PackedBatch`` of
             [B, S / cp_size] comes back, boundaries and media unchanged (global).
         cu_seqlens_padded: int [n+1] boundaries of that row.
