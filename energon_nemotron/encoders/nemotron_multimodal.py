@@ -136,9 +136,32 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
                                                          else "the packer would see other buffers")
                           + f"; pass packing_buffer_size={want} ({fix})")
 
+    def _check_data_ranks(self, worker_config: Any) -> None:
+        """Under model parallelism (``tensor_parallel_size`` or ``context_parallel_size`` over 1)
+        the loader's data ranks must be the pure data-parallel ranks, so that the TP and CP ranks of
+        one replica read the same batches. A ``WorkerConfig`` with a data rank per process (its
+        ``world_size`` that of ``torch.distributed``: what Megatron-Bridge's data module falls
+        back to without ``pg_collection``) gives them different data: a ``ConfigError`` at start."""
+        import torch.distributed as dist
+
+        o = self.options
+        model = o.tensor_parallel_size * o.context_parallel_size
+        if model == 1 or not dist.is_available() or not dist.is_initialized():
+            return
+        world = dist.get_world_size()
+        if world > 1 and worker_config.world_size == world:
+            raise ConfigError(
+                f"the loader reads with a data rank per process (WorkerConfig world_size {world}, every process) "
+                f"under tensor_parallel_size {o.tensor_parallel_size} x context_parallel_size "
+                f"{o.context_parallel_size}: the TP/CP ranks of one replica would read different batches; give "
+                "the loader the pure data-parallel group (Megatron-Bridge: EnergonMultiModalDataModule(..., "
+                "pg_collection=ProcessGroupCollection.use_mpu_process_groups()); Energon: WorkerConfig(rank=DP "
+                "rank, world_size=DP size, data_parallel_group=the DP group))")
+
     def build_train_datasets(self, *, worker_config, **kwargs):
         self._install_error_policy(worker_config)
         self._check_packing_buffer(kwargs.get("packing_buffer_size"))
+        self._check_data_ranks(worker_config)
         check_datasets(self.media, self.options.modalities, kwargs["datasets"], self.cookers)
         self.one_pass = None if kwargs.get("repeat", True) else "train"
         self.buffer_tokenizer = None
