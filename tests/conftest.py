@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,10 @@ def write_jsonl(path: Path, objects) -> Path:
         for obj in objects:
             f.write(json.dumps(obj) + "\n")
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a gloo ``init_method``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

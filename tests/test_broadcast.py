@@ -8,7 +8,6 @@ import dataclasses
 import datetime
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from energon_nemotron.tensors import PackedTensor
 from energon_nemotron.parallel.broadcast import (
     WIRE_VERSION, _decode_header, batches_equal, broadcast_packed_batch, packed_batch_from_wire, packed_batch_to_wire)
 from energon_nemotron.batch import BatchMedia, MediaSpan, PackedBatch
+from conftest import free_port
 
 
 def text_batch() -> PackedBatch:
@@ -268,12 +268,6 @@ def test_header_bytes_are_checked(raw, match):
 # -- real processes ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int) -> None:
     join_gloo(rank, port, world)
     try:
@@ -301,12 +295,12 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 
 def test_broadcast_two_processes():
-    mp.spawn(_worker, args=(2, _free_port()), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port()), nprocs=2, join=True)
 
 
 @pytest.mark.slow
 def test_broadcast_four_processes():
-    mp.spawn(_worker, args=(4, _free_port()), nprocs=4, join=True)
+    mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -362,7 +356,7 @@ def test_broadcast_memory_is_bounded(tmp_path):
     (it used to flatten each dtype group: +133 MiB whatever the chunk), each receiver's by at most
     the rebuilt batch plus one chunk (2 MiB allowed for the interpreter and gloo)."""
     out = str(tmp_path / "rss")
-    mp.spawn(_memory_worker, args=(_free_port(), out), nprocs=2, join=True)
+    mp.spawn(_memory_worker, args=(free_port(), out), nprocs=2, join=True)
     sender, receiver = (json.loads(open(f"{out}.{r}").read()) for r in (0, 1))
     payload = sum(t.numel() * t.element_size() for t in (big_media_batch().media["pixel_values"].data,))
     assert payload > 100 * MiB
@@ -400,7 +394,7 @@ def test_windows_are_the_flat_buffer_in_chunks_and_staged_on_the_device():
                     reason="NCCL device-side coalescing needs two CUDA devices; this machine has "
                            f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
 def test_broadcast_nccl_two_devices():
-    mp.spawn(_nccl_worker, args=(_free_port(),), nprocs=2, join=True)
+    mp.spawn(_nccl_worker, args=(free_port(),), nprocs=2, join=True)
 
 
 def _nccl_worker(rank: int, port: int) -> None:

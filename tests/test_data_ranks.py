@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import torch.multiprocessing as mp
 
 from energon_data import loader_yaml, text_dataset
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port
 
 
 def _rank(rank: int, world: int, port: int, folder: str) -> None:
@@ -50,7 +44,7 @@ def test_cp_ranks_reading_as_separate_data_ranks_are_refused(tmp_path):
     loader_yaml(tmp_path / "c.yaml", {"path": str(tmp_path / "t")}, seq_length=4096,
                 packing={"algorithm": "first_fit_decreasing", "buffer_size": 8},
                 extra_options={"context_parallel_size": 2})
-    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got["pure_dp"] == "ok"

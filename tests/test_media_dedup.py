@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ from energon_nemotron.media.video import (VideoOptions, VideoPlan, plan_video, p
                                           video_metadata)
 from energon_nemotron.parallel.broadcast import (BroadcastStats, _plan, batches_equal, broadcast_packed_batch,
                                                  packed_batch_to_wire)
+from conftest import free_port
 
 ROW_BYTES = 768 * 4                       # one float32 patch row of pixel_values
 VIDEO = {"target_patches": 64, "num_frames": 3, "min_frames": 1, "max_frames": 4, "temporal_patch": 2}
@@ -143,12 +143,6 @@ def test_loader_workers_pass_the_store_through_shared_memory(dataset, shared_med
 
 
 # -- the TP broadcast ----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _plain(batch):
     """The batch with its media in the plain layout (every use stored and sent)."""
     return batch.replace(media=batch.media.map(
@@ -181,10 +175,10 @@ def test_broadcast_sends_distinct_bytes_once(shared_media, tmp_path):
     batch = shared_media
     with open(tmp_path / "batch.pkl", "wb") as f:
         pickle.dump(batch, f)
-    mp.spawn(_broadcast_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_broadcast_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     sender, receiver = (json.loads((tmp_path / f"stats.{r}.json").read_text()) for r in (0, 1))
     assert sender == receiver                                    # what one sent, the other received
-    tensors = [batch.tokens, batch.labels, batch.loss_mask, batch.position_ids, *batch.cu_seqlens,
+    tensors = [batch.tokens, batch.labels, batch.loss_mask, batch.position_ids, batch.padding_mask, *batch.cu_seqlens,
                *batch.cu_seqlens_padded, batch.media["num_frames"]]
     distinct = sum(t.numel() * t.element_size() for t in tensors)
     distinct += sum(v.physical_nbytes for v in batch.media.values() if isinstance(v, PackedTensor))

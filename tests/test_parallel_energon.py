@@ -4,14 +4,13 @@ evening, determinism, and the torchrun example (real processes over gloo)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, free_port
 from energon_data import loader_yaml, text_dataset
 from energon_nemotron.loading import build_train_loader, build_val_loader
 from energon_nemotron.parallel import mtp_targets, packed_seq_params, partition_indices, roll_targets, slice_for_cp_rank
@@ -189,19 +188,13 @@ def test_same_seed_same_stream(ds):
     assert [k for k, _ in a] != [k for k, _ in other]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tp, cp", [(2, 1), (1, 2)])
 def test_torchrun_example(ds, tp, cp):
     root, _ = ds
     c = cfg(root, f"run{tp}{cp}.yaml", context_parallel_size=cp)
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                          "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                           str(REPO / "examples" / "torchrun_preview.py"), str(c), "--tp", str(tp), "--cp", str(cp)],
                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
                                                                             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
@@ -246,4 +239,4 @@ def test_unpacked_rows_match_megatron_core_bshd_cp_split(ds):
     assert [len(p) for p in batch.cu_seqlens_padded] == [2]          # one segment (+ its tail padding)
     tensors = {k: getattr(batch, k) for k in ("tokens", "labels", "loss_mask", "position_ids")}
     expected = [{k: getattr(slice_for_cp_rank(batch, None, 2, r), k) for k in tensors} for r in range(2)]
-    mp.spawn(_bshd_worker, args=(2, _free_port(), tensors, expected), nprocs=2, join=True)
+    mp.spawn(_bshd_worker, args=(2, free_port(), tensors, expected), nprocs=2, join=True)

@@ -9,22 +9,15 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import FIXTURE_TOKENIZER, fixture_rows
+from conftest import FIXTURE_TOKENIZER, fixture_rows, free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, fmt: str) -> None:
@@ -66,4 +59,4 @@ def _worker(rank: int, world: int, port: int, fmt: str) -> None:
 
 @pytest.mark.parametrize("world, fmt", [(2, "identity"), (4, "nemotron-h-aligned")])
 def test_megatron_core_cp_split_and_packed_roll_match(world, fmt):
-    mp.spawn(_worker, args=(world, _free_port(), fmt), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port(), fmt), nprocs=world, join=True)
