@@ -116,30 +116,48 @@ def error_code(exc: BaseException) -> str:
     return f"error:{type(exc).__name__}"
 
 
-def shown_key(key: object, shard: object = None) -> str:
-    """How the library shows a sample's key: a JSONL line's (Energon's key is the 0-based line
-    number, ``shard`` the file's name) as ``FILE.jsonl:N`` with N 1-based, as the Megatron-LM path
-    names its lines; any other key as it is. Energon's states store restore keys, not these."""
+def shown_key(key: object, shard: object = None, dataset: object = None) -> str:
+    """How the library shows a sample's key, naming where the sample is: a JSONL line's (Energon's
+    key is the 0-based line number, ``shard`` the file's name) as ``FILE.jsonl:N`` with N 1-based,
+    as the Megatron-LM path names its lines; a tar sample's as ``DATASET/SHARD:KEY`` (``dataset``
+    the prepared folder's name, ``shard`` the tar's path in it, ``KEY`` the tar's own key), so that
+    two datasets' equal tar keys differ; any other key, or one shown already, as it is. Energon's
+    states store restore keys, not these."""
     key = str(key)
-    if isinstance(shard, str) and shard.endswith(".jsonl") and key.isdigit():
-        return f"{shard}:{int(key) + 1}"
-    return key
+    if not isinstance(shard, str) or not shard:
+        return key
+    if shard.endswith(".jsonl"):
+        return f"{shard}:{int(key) + 1}" if key.isdigit() else key
+    where = f"{_folder_name(dataset)}/{shard}:" if _folder_name(dataset) else f"{shard}:"
+    return key if key.startswith(where) else where + key
+
+
+def _folder_name(path: object) -> str:
+    """The last part of a dataset's path (an ``EPath``, a ``Path`` or a string); "" for none."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1] if path is not None and str(path).strip("/") else ""
+
+
+def sample_origin(sample: object, sources: object = None) -> tuple[object, object]:
+    """``(shard, dataset)`` of a crude sample dict or a ``Sample``: its ``__shard__``, else the shard
+    of its first Energon ``SourceInfo`` (``sources`` when given); the dataset is that source's
+    path where the source is of that shard, else None."""
+    shard = sample.get("__shard__") if isinstance(sample, dict) else None
+    if not sources:
+        sources = sample.get("__sources__") if isinstance(sample, dict) else getattr(sample, "__sources__", None)
+    first = list(sources)[0] if sources else None
+    if shard is None:
+        shard = getattr(first, "shard_name", None)
+    return shard, (getattr(first, "dataset_path", None) if getattr(first, "shard_name", None) == shard else None)
 
 
 def sample_where(sample: object, sources: object = None) -> str:
-    """How errors name a sample (a crude sample dict or a ``Sample``): its ``__key__``
-    (:func:`shown_key`: ``FILE.jsonl:N`` for a JSONL line), and the shard when known and not in
-    the key already; ``"?"`` when it has no key."""
+    """How errors name a sample (a crude sample dict or a ``Sample``): its ``__key__`` as the
+    library shows it (:func:`shown_key`: ``FILE.jsonl:N`` for a JSONL line, ``DATASET/SHARD:KEY``
+    for a tar sample); ``"?"`` when it has no key."""
     key = sample.get("__key__") if isinstance(sample, dict) else getattr(sample, "__key__", None)
     if key is None:
         return "?"
-    shard = sample.get("__shard__") if isinstance(sample, dict) else None
-    if shard is None and sources:
-        shard = getattr(list(sources)[0], "shard_name", None)
-    shown = shown_key(key, shard)
-    if shown != str(key) or not shard or shown.startswith(f"{shard}:"):
-        return shown
-    return f"{key} (in {shard})"
+    return shown_key(key, *sample_origin(sample, sources))
 
 
 #: how PyTorch re-raises an exception from a ``DataLoader`` worker: its message, then this line

@@ -9,7 +9,8 @@ from typing import Optional
 import yaml
 
 from energon_nemotron.demo.conversations import make_conversations
-from energon_nemotron.demo.datasets import energon, prepare, text_dataset, to_schema, write_shards  # noqa: F401
+from energon_nemotron.demo.datasets import (energon, prepare, shown_keys, text_dataset, to_schema,  # noqa: F401
+                                            write_shards)
 
 
 def jsonl_dataset(path: Path, n: int, seed: int = 0) -> tuple[Path, list[str]]:
@@ -51,3 +52,9 @@ def text_config(train: Path, *, workers: int, packing: Optional[dict] = None, se
             "packing": packing, "data": {"train": {"path": str(train)}, "validation": validation},
             "loader": {"batch_size": batch_size, "num_workers": workers, "shuffle_buffer_size": shuffle_buffer_size,
                        "seed": seed}}
+
+
+def tar_keys(keys) -> list[str]:
+    """The tars' own keys of ``keys`` shown as ``DATASET/SHARD.tar:KEY``, in order (an error for a
+    key that names no tar shard)."""
+    return [key.split(".tar:", 1)[1] for key in keys]

@@ -15,7 +15,7 @@ import webdataset as wds
 import yaml
 
 from energon_data import loader_yaml
-from energon_nemotron.demo.datasets import to_schema, with_system
+from energon_nemotron.demo.datasets import shown_keys, to_schema, with_system
 from energon_nemotron.cli import EXAMPLES, build_parser, main, plain_text
 from energon_nemotron.demo.conversations import make_conversations
 from energon_nemotron.loading import build_train_loader
@@ -121,7 +121,8 @@ def test_every_command_has_examples_that_parse():
 # -- prepare ----------------------------------------------------------------------------------------
 
 def write_tar_shards(folder, cooker: str, n: int, per_shard: int = 5) -> list[str]:
-    """``n`` samples of ``cooker``'s schema in ``folder/parts/data-K.tar`` (webdataset's TarWriter)."""
+    """``n`` samples of ``cooker``'s schema in ``folder/parts/data-K.tar`` (webdataset's TarWriter);
+    returns their keys as the library shows them."""
     (folder / "parts").mkdir(parents=True)
     convs, keys = make_conversations(n, seed=3), []
     for start in range(0, n, per_shard):
@@ -130,7 +131,7 @@ def write_tar_shards(folder, cooker: str, n: int, per_shard: int = 5) -> list[st
                 keys.append(f"sample-{i:04d}")
                 payload = to_schema(cooker, [with_system(convs[i])])
                 tar.write({"__key__": keys[-1], "json": json.dumps(payload).encode()})
-    return keys
+    return shown_keys(folder, keys, per_shard)
 
 
 def read_epoch(cfg) -> list[str]:

@@ -15,20 +15,20 @@ from megatron.energon import Cooker
 from energon_data import text_config
 from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.demo.conversations import make_conversations
-from energon_nemotron.demo.datasets import prepare, to_schema, with_system, write_shards
+from energon_nemotron.demo.datasets import prepare, shown_keys, to_schema, with_system, write_shards
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.loading import build_train_loader, build_val_loader
 
 
 def crude(folder: Path, cooker: str, n: int, subflavors: dict, seed: int = 0) -> list[str]:
     """A prepared crude dataset of ``n`` samples in ``cooker``'s schema whose subflavors are exactly
-    ``subflavors`` (no ``cooker`` key: the cooker list selects)."""
+    ``subflavors`` (no ``cooker`` key: the cooker list selects); returns the keys as shown."""
     convs = make_conversations(n, seed=seed)
     samples = [(f"{folder.name}-{i:04d}", {"json": json.dumps(to_schema(cooker, [with_system(c)])).encode()})
                for i, c in enumerate(convs)]
     write_shards(folder, samples, per_shard=4)
     prepare(folder, subflavors)
-    return [k for k, _ in samples]
+    return shown_keys(folder, [k for k, _ in samples], 4)
 
 
 def blend(path: Path, leaves: list[dict]) -> Path:

@@ -88,7 +88,7 @@ def test_openai_messages_and_offline_packed():
     ("nemotron_conversation", {"conversation": [{"sender": "user", "fragments": 3}]}, r"turn 0 'fragments' must be a list"),
 ])
 def test_errors_name_key_and_reason(name, obj, reason):
-    with pytest.raises(DataError, match=rf"^000007 \(in parts/data-0\.tar\): {reason}"):
+    with pytest.raises(DataError, match=rf"^parts/data-0\.tar:000007: {reason}"):
         cook(name, obj)
 
 
@@ -150,7 +150,7 @@ def test_general_conversations_members_in_name_order():
                                         MediaPart("audio", 2), "?"]
     assert [(m.modality, m.payload, m.name) for m in conv.media] == [("image", b"A", "2.jpg"), ("image", b"B", "10.jpg"),
                                                                      ("audio", b"W", "wav")]
-    with pytest.raises(DataError, match=r"^k1 \(in parts/data-0\.tar\): 1 image references but 2 image items"):
+    with pytest.raises(DataError, match=r"^parts/data-0\.tar:k1: 1 image references but 2 image items"):
         obj1 = {"conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "ok"}]}
         COOKERS.get("general_conversations")(wds_sample(obj1, {"0.jpg": b"A", "1.jpg": b"B"}))
 

@@ -194,7 +194,7 @@ def test_reserved_tag_in_text_is_rejected_with_the_key(tmp_path):
     cfg = loader_yaml(tmp_path / "l.yaml", {"path": "ds"}, packing=PACKING, prompt_format="nemotron6")
     from energon_nemotron.errors import DataError
 
-    with pytest.raises(DataError, match=r"^forged-01: message 0 \(user\) contains the reserved media tag <so_embedding>"):
+    with pytest.raises(DataError, match=r"^ds/parts/data-0\.tar:forged-01: message 0 \(user\) contains the reserved media tag <so_embedding>"):
         list(build_train_loader(cfg, repeat=False))
 
 

@@ -38,7 +38,7 @@ from megatron.energon import (DefaultCrudeJsonlDatasetFactory, MapDataset, Sourc
 
 import energon_nemotron._energon as surface
 import energon_nemotron.guards.jsonl_guard as jsonl_guard
-from energon_data import energon, text_config
+from energon_data import energon, tar_keys, text_config
 from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, DatasetHook, WrapperDataset, add_source_info,
                                        basic_loader, batch_worker, check_version, empty_leaf_sample,
                                        empty_worker_checkpoint, filesystem_entry, filter_leaf_samples,
@@ -719,7 +719,7 @@ def test_saves_declares_what_energon_saves_and_restores(data):
     assert is_wrapper(counting) and savable_fields(counting) == ("_count",)
     it = iter(basic_loader(counting))
     got = [next(it) for _ in range(3)]
-    assert [s["__key__"] for s in got] == data.keys_a[:3] and [sample_index(s) for s in got] == [0, 1, 2]
+    assert [s["__key__"] for s in got] == tar_keys(data.keys_a[:3]) and [sample_index(s) for s in got] == [0, 1, 2]
     state = counting.save_state()
     assert saved_class(state) == "Counting" and state["_count"] == 3
     again = built()
@@ -732,7 +732,7 @@ def test_basic_loader_reads_a_built_dataset(data):
     loaded, = load_dataset(str(data.a)).get_datasets(training=False, split_part="train",
                                                       worker_config=worker_config).datasets
     samples = list(basic_loader(loaded.dataset.build()))
-    assert [s["__key__"] for s in samples] == data.keys_a
+    assert [s["__key__"] for s in samples] == tar_keys(data.keys_a)
     assert [sample_index(s) for s in samples] == list(range(N_A))
 
 
@@ -807,7 +807,7 @@ def test_files_and_aux_sources(data):
     info = webdataset_entry(shards, "a-00013.json")
     assert info.shard_name == "parts/data-2.tar" and info.index == "a-00013.json"
     assert webdataset_entry(shards, "a-99999.json") is None and webdataset_entry(shards, "no_member") is None
-    assert store_entry_names(shards) == [f"{k}.json" for k in data.keys_a] and store_entry_names(media) is None
+    assert store_entry_names(shards) == [f"{k}.json" for k in tar_keys(data.keys_a)] and store_entry_names(media) is None
     # sizes without reading: the index's part size, the file system's
     assert entry_size(shards, "a-00003.json") == len(shards.get("a-00003.json"))
     assert entry_size(media, "pics/a.jpg") == (data.root / "media" / "pics" / "a.jpg").stat().st_size
@@ -818,7 +818,7 @@ def test_files_and_aux_sources(data):
     assert index_file(meta).read_bytes().startswith(b"SQLite format 3\x00")      # energon prepare's index
     # index.sqlite: the position-th sample of shard number k (in .info order)
     assert [indexed_sample_key(meta, shard, pos) for shard, pos in ((0, 0), (2, 1), (3, 1))] \
-        == [data.keys_a[0], data.keys_a[13], data.keys_a[19]]
+        == tar_keys([data.keys_a[0], data.keys_a[13], data.keys_a[19]])
     assert indexed_sample_key(meta, 3, 2) is None and indexed_sample_key(meta, 9, 0) is None
     with pytest.raises(sqlite3.Error):
         indexed_sample_key(data.root / "media", 0, 0)

@@ -142,7 +142,7 @@ def test_audio_conversation_members_and_turns_without_text(tmp_path):
      "empty_assistant"),
 ])
 def test_audio_conversation_refusals(tmp_path, obj, reason, code):
-    with pytest.raises(DataError, match=rf"^3 \(in parts/data-0\.tar\): {reason}") as err:
+    with pytest.raises(DataError, match=rf"^parts/data-0\.tar:3: {reason}") as err:
         audio_cook(obj, media_folder(tmp_path))
     assert err.value.code == code
 
@@ -213,7 +213,7 @@ def test_omcat_extension_preference_and_case():
      r"turn 0 has unknown sender 'user'", "unknown_role"),
 ])
 def test_omcat_refusals(obj, members, reason, code):
-    with pytest.raises(DataError, match=rf"^k1 \(in parts/data-0\.tar\): {reason}") as err:
+    with pytest.raises(DataError, match=rf"^parts/data-0\.tar:k1: {reason}") as err:
         omcat_cook(obj, members)
     assert err.value.code == code
 
@@ -259,4 +259,4 @@ def test_omcat_webdataset_through_the_loader(tmp_path, demo_tokenizer):
     cfg = loader_yaml(tmp_path / "l.yaml", {"path": "ds"}, packing=PACKING, seq_length=2048,
                       prompt_format="nemotron-h", extra_options=SMALL_MEDIA)
     keys, visual, audio = read_epoch(cfg, demo_tokenizer)
-    assert sorted(keys) == ["omcat-0", "omcat-1", "omcat-img"] and (visual, audio) == (1, 2)
+    assert sorted(keys) == [f"ds/parts/data-0.tar:{k}" for k in ("omcat-0", "omcat-1", "omcat-img")] and (visual, audio) == (1, 2)

@@ -80,7 +80,7 @@ def test_webdataset_default_member_fallback_and_unused_members():
     ({"conversations": []}, r"'conversations' must be a non-empty list"),
 ])
 def test_refusals_name_the_sample(obj, message):
-    with pytest.raises(DataError, match=r"^s1 \(in parts/data-0\.tar\): .*" + message):
+    with pytest.raises(DataError, match=r"^parts/data-0\.tar:s1: .*" + message):
         cook(WDS, crude(obj, {"png": b"1", "wav": b"2"}))
 
 

@@ -59,7 +59,8 @@ def assert_the_librarys_loss(cfg: dict, tokenizer: Path, batches: list[dict]) ->
         assert_same_loss(ours, theirs, vocab=ours.tokens.max().item() + 1, seed=n)
         assert_prepacked_accepts(theirs)
         kinds |= {s.kind for row in ours.media_spans for s in row}
-        leaves |= {k.rstrip("0123456789").removesuffix(".jsonl:") for row in ours.sample_keys for k in row}
+        leaves |= {k.split(".tar:")[-1].rstrip("0123456789").removesuffix(".jsonl:")
+                   for row in ours.sample_keys for k in row}
     assert "image" in kinds and leaves == {"vqa", "g", "t"}      # every leaf, its cooker, its media
 
 

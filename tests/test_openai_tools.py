@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import DEMO_TOKENIZER
-from energon_data import energon, loader_yaml, prepare, write_shards
+from energon_data import energon, loader_yaml, prepare, shown_keys, write_shards
 from energon_nemotron.cookers.openai_messages import cook_openai_messages
 from energon_nemotron.demo.media import make_audio, make_image, make_video
 from energon_nemotron.errors import DataError
@@ -264,7 +264,7 @@ def _call(name, call_id):
 def test_mis_paired_tool_data_is_refused(row, message):
     """What a model would learn wrong (a result of no call, a call of an undefined tool, a tools
     schema that is not one) is refused naming the sample, not trained on."""
-    with pytest.raises(DataError, match=r"^000003 \(in parts/data-0\.tar\): " + message):
+    with pytest.raises(DataError, match=r"^parts/data-0\.tar:000003: " + message):
         cook_openai_messages(crude(row))
 
 
@@ -370,7 +370,7 @@ def test_webdataset_shards_flow_to_packed_batches(tmp_path, media_files, demo_to
     folder = prepare(write_shards(tmp_path / "ds", samples, per_shard=3), {"cooker": "openai_messages"})
     cfg = loader_yaml(tmp_path / "l.yaml", {"path": str(folder)}, seq_length=2048, prompt_format="nemotron6",
                       workers=workers, extra_options=SMALL_MEDIA)
-    check_epoch(cfg, keys, demo_tokenizer)
+    check_epoch(cfg, shown_keys(folder, keys, 3), demo_tokenizer)
 
 
 def test_a_member_referenced_twice_or_never_is_an_error():
@@ -425,7 +425,7 @@ def _user(*parts):
      r"tools\[0\] must be a function definition with a 'name'", "invalid_sample"),
 ])
 def test_bad_rows_name_the_key_and_reason(obj, reason, code):
-    with pytest.raises(DataError, match=rf"^000003 \(in parts/data-0\.tar\): .*{reason}") as e:
+    with pytest.raises(DataError, match=rf"^parts/data-0\.tar:000003: .*{reason}") as e:
         cook_openai_messages(crude(obj))
     assert e.value.code == code
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import DEMO_TOKENIZER, write_jsonl
+from energon_data import tar_keys
 from energon_nemotron.demo.datasets import prepare, write_shards
 from energon_nemotron.demo.media import make_image
 from energon_nemotron.errors import DataError
@@ -108,13 +109,13 @@ def test_forged_placeholder_ids_never_reach_a_batch(forged, workers):
             spans = {i for s in batch.media_spans[r] for i in range(s.token_start, s.token_start + s.placeholder_len)}
             assert at == spans                     # placeholder ids only where a media item put them
             images += len(batch.media_spans[r])
-    assert sorted(keys) == ["good-0", "good-1", "good-2", "good-3", "good-image"] and images == 1
+    assert sorted(tar_keys(keys)) == ["good-0", "good-1", "good-2", "good-3", "good-image"] and images == 1
     assert loader.skipped() == {"reserved_tag": 4}
 
 
 def test_forged_placeholder_under_raise_names_the_sample(forged):
     root, _ = forged
-    with pytest.raises(DataError, match=r"^forged-reasoning: message 1 \(assistant\) contains the reserved media "
+    with pytest.raises(DataError, match=r"^reasoning/parts/data-0\.tar:forged-reasoning: message 1 \(assistant\) contains the reserved media "
                                         r"tag <image> in its reasoning_content") as err:
         list(build_train_loader(config(root, root / "reasoning", "raise", 0), repeat=False))
     assert err.value.code == "reserved_tag"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from energon_data import jsonl_dataset, prepare, text_config, to_schema, write_shards
+from energon_data import jsonl_dataset, prepare, shown_keys, text_config, to_schema, write_shards
 from energon_nemotron.demo.conversations import make_conversations
 from energon_nemotron.demo.datasets import with_system
 from energon_nemotron.stats import run_stats
@@ -36,7 +36,7 @@ def leaf_a(folder: Path) -> list[str]:
         samples.append((f"a-{i:05d}", {"json": body if isinstance(body, bytes) else body.encode()}))
     write_shards(folder, samples, per_shard=4)
     prepare(folder, {"cooker": "openai_messages"})
-    return [k for k, _ in samples]
+    return shown_keys(folder, [k for k, _ in samples], 4)
 
 
 def config(root: Path, name: str, train: Path, **loader) -> Path:
@@ -95,7 +95,7 @@ def test_epoch_of_a_blend_epochized_is_one_epoch_of_the_loader(corpus):
     keys = one_epoch_keys(corpus["epochized"])
     # the loader: every good sample of a twice, of b.jsonl once; the bad one skipped both times
     good_a = [k for i, k in enumerate(corpus["keys_a"]) if i != BAD]
-    assert sorted(k for k in keys if k.startswith("a-")) == sorted(good_a) and {keys[k] for k in good_a} == {2}
+    assert sorted(k for k in keys if k.startswith("a/")) == sorted(good_a) and {keys[k] for k in good_a} == {2}
     assert sum(keys.values()) == 2 * (A - 1) + B
     assert (epoch["mode"], epoch["samples"], epoch["ok"], epoch["exact"]) == ("blend_epochized", 2 * A + B,
                                                                               sum(keys.values()), True)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from megatron.energon.flavors.webdataset.sample_loader import RawSampleData
 
-from energon_nemotron.errors import shown_key
+from energon_nemotron.errors import sample_where
 
 
 #: the dataset class that reads the samples of one prepared dataset (a leaf of the tree)
@@ -173,8 +173,9 @@ def sample_index(sample: Any) -> Optional[int]:
 
 def raw_sample_key(sample: Any) -> Optional[str]:
     """The ``__key__`` inside Energon's raw sample data (a JSONL line's or a tar sample's; None when it
-    holds none), as the library shows it (``errors.shown_key``: a JSONL line's as ``FILE.jsonl:N``)."""
+    holds none), as the library shows it (``errors.shown_key``: ``FILE.jsonl:N`` for a JSONL line,
+    ``DATASET/SHARD:KEY`` for a tar sample)."""
     data = getattr(sample, "data", None)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], dict) and "__key__" in data[0]:
-        return shown_key(data[0]["__key__"], data[0].get("__shard__"))
+        return sample_where(data[0])
     return None

@@ -16,6 +16,7 @@ import webdataset as wds
 import yaml
 
 from energon_nemotron.demo.conversations import make_conversations
+from energon_nemotron.errors import shown_key
 
 
 def energon(*args: str) -> subprocess.CompletedProcess:
@@ -33,6 +34,12 @@ def write_shards(folder: Path, samples: Iterable[tuple[str, dict]], per_shard: i
         for key, members in samples:
             w.write({"__key__": key, **members})
     return folder
+
+
+def shown_keys(folder: Path, keys: list[str], per_shard: int = 8) -> list[str]:
+    """The keys of samples written by :func:`write_shards` as the library shows them
+    (``errors.shown_key``: ``FOLDER/parts/data-N.tar:KEY``)."""
+    return [shown_key(key, f"parts/data-{i // per_shard}.tar", folder) for i, key in enumerate(keys)]
 
 
 def prepare(folder: Path, subflavors: Optional[dict] = None) -> Path:
@@ -78,7 +85,8 @@ def with_system(conv: list[dict]) -> list[dict]:
 
 def text_dataset(folder: Path, cooker: str, n: int, seed: int = 0, per_shard: int = 8,
                  subflavors: Optional[dict] = None) -> tuple[Path, list[str]]:
-    """A prepared crude text dataset of ``n`` samples for ``cooker``; returns (folder, keys)."""
+    """A prepared crude text dataset of ``n`` samples for ``cooker``; returns (folder, keys as
+    shown)."""
     convs = make_conversations(2 * n, seed=seed)
     samples, keys = [], []
     for i in range(n):
@@ -87,13 +95,13 @@ def text_dataset(folder: Path, cooker: str, n: int, seed: int = 0, per_shard: in
         keys.append(key)
         samples.append((key, {"json": json.dumps(to_schema(cooker, group)).encode()}))
     write_shards(folder, samples, per_shard)
-    return prepare(folder, {"cooker": cooker, **(subflavors or {})}), keys
+    return prepare(folder, {"cooker": cooker, **(subflavors or {})}), shown_keys(folder, keys, per_shard)
 
 
 def multimodal_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) -> tuple[Path, list[str]]:
     """A prepared crude dataset for the ``general_conversations`` cooker whose samples cycle through
     text only, one image, two images, a video, and an audio clip (media as WebDataset members,
-    referenced by ``<image>``/``<video>``/``<audio>`` tags); returns (folder, keys)."""
+    referenced by ``<image>``/``<video>``/``<audio>`` tags); returns (folder, keys as shown)."""
     from energon_nemotron.demo.media import make_audio, make_image, make_video
 
     convs = make_conversations(n, seed=seed)
@@ -122,13 +130,13 @@ def multimodal_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8) 
         keys.append(key)
         samples.append((key, {"json": json.dumps({"conversations": turns}).encode(), **members}))
     write_shards(folder, samples, per_shard)
-    return prepare(folder, {"cooker": "general_conversations"}), keys
+    return prepare(folder, {"cooker": "general_conversations"}), shown_keys(folder, keys, per_shard)
 
 
 def asr_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8,
                 cooker: str = "granary_asr") -> tuple[Path, list[str]]:
     """A prepared crude dataset for the ``granary_asr`` cooker: one FLAC member and a ``.json``
-    member with the transcript per sample; returns (folder, keys). For NeMo-RL's
+    member with the transcript per sample; returns (folder, keys as shown). For NeMo-RL's
     ``nemotron_granary_english_webdataset`` the JSON also names the member (``audio_filepath``); for
     ``nemotron_granary_english_jsonl`` the clips are files under ``clips/`` named by it."""
     import random
@@ -153,4 +161,4 @@ def asr_dataset(folder: Path, n: int, seed: int = 0, per_shard: int = 8,
             members = {"json": json.dumps({"text": text}).encode(), "flac": audio}
         samples.append((key, members))
     write_shards(folder, samples, per_shard)
-    return prepare(folder, {"cooker": cooker}), keys
+    return prepare(folder, {"cooker": cooker}), shown_keys(folder, keys, per_shard)

@@ -35,7 +35,7 @@ from energon_nemotron.encoders.options import NemotronMultimodalOptions, media_o
 from energon_nemotron.encoders.outputs import batch_output
 from energon_nemotron.encoders.over_length import OverLengthPolicy, OverLengthSkip
 from energon_nemotron.encoders.runtime import Runtime
-from energon_nemotron.errors import ConfigError, DataError, MediaError, shown_key
+from energon_nemotron.errors import ConfigError, DataError, MediaError, sample_where
 from energon_nemotron.guards.policy import ErrorPolicy, SampleErrorHandler
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import assemble_row, batch_rows, row_media
@@ -203,16 +203,19 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
     @stateless
     def cook_crude_sample(self, sample, cooker, aux):
         """Energon's cook call inside a ``media_scope``: the cooker's media paths resolve against the
-        media roots and the dataset's aux sources (``cookers.media_sources``). A JSONL line's key
-        becomes ``FILE.jsonl:N`` (1-based; ``errors.shown_key``) before the cooker sees it, so
-        that every key shown (errors, ``sample_keys``, preview, stats) names its file and line."""
-        if isinstance(sample, dict) and "__key__" in sample:
-            shown = shown_key(sample["__key__"], sample.get("__shard__"))
-            if shown != sample["__key__"]:
-                sample = {**sample, "__key__": shown}
+        media roots and the dataset's aux sources (``cookers.media_sources``). The cooked sample's
+        key is the one the library shows (``errors.shown_key``: ``FILE.jsonl:N`` for a JSONL line,
+        ``DATASET/SHARD:KEY`` for a tar sample), so that every key shown (errors, ``sample_keys``,
+        preview, stats) names where the sample is; the cooker itself sees Energon's key (a tar's
+        member names start with it)."""
+        shown = sample_where(sample) if isinstance(sample, dict) and "__key__" in sample else None
+        if shown is not None:
             began(shown)                                   # what a watchdog timeout names (guards.stalls)
         with media_scope(self.media_roots, aux, self.counters.lookups):
-            return super().cook_crude_sample(sample, cooker, aux)
+            cooked = super().cook_crude_sample(sample, cooker, aux)
+        if shown is not None and getattr(cooked, "__key__", None) == sample["__key__"]:
+            cooked.__key__ = shown
+        return cooked
 
     # -- per sample ------------------------------------------------------------------------------
     @stateless
