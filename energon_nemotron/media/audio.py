@@ -53,6 +53,9 @@ class AudioOptions:
     # allowed |decoded - metadata| length; then trimmed/zero-padded
     tolerance_seconds: float = field(default=0.05, metadata={"min": 0})
     long_audio: Literal["clips", "whole", "truncate"] = "clips"   # audio over clip_seconds (module docs)
+    # a clip's sound_length and token count: ``stft`` 1 + n // hop frames (the processor, transformers'
+    # model, Bridge 0.6.2), ``valid`` n // hop (the extractor's mask: Bridge main's NemotronOmniModel)
+    sound_length: Literal["stft", "valid"] = "stft"
 
     def __post_init__(self) -> None:
         if (min(self.sample_rate, self.hop_length, self.num_mel_bins, self.max_seconds) <= 0
@@ -61,6 +64,8 @@ class AudioOptions:
             raise ConfigError(f"invalid audio options: {self}")
         if self.long_audio not in ("clips", "whole", "truncate"):
             raise ConfigError(f"audio long_audio must be 'clips', 'whole' or 'truncate', not {self.long_audio!r}")
+        if self.sound_length not in ("stft", "valid"):
+            raise ConfigError(f"audio sound_length must be 'stft' or 'valid', not {self.sound_length!r}")
         if self.min_clip_length // self.hop_length < 2:      # else every sample fails: fewer than 2 mel frames
             raise ConfigError(f"audio.hop_length {self.hop_length}: the shortest clip ({self.min_clip_length} samples, "
                               f"min_clip_seconds {self.min_clip_seconds} at {self.sample_rate} Hz) would have fewer "
@@ -83,9 +88,12 @@ class AudioPlan:
     decoded waveform. ``clip_samples``: the samples of each clip (``long_audio``: ``clips`` —
     ``clip_length`` each, the remainder as the last clip, zero-padded to ``min_clip_length``;
     ``whole`` — one clip of all samples; ``truncate`` — one clip of at most ``clip_length``; an item
-    shorter than ``min_clip_length`` is always one padded clip). ``frames``: ``1 + n // hop_length``
-    mel frames per clip (the model's and Megatron-Bridge's ``sound_length``); ``tokens``: their 8x
-    subsampling. ``frames_per_clip``: the frame axis ``F`` of the feature tensor (the longest clip).
+    shorter than ``min_clip_length`` is always one padded clip). ``frames``: the mel frames each clip
+    counts as, its ``sound_length`` (``options.sound_length``: ``stft`` ``1 + n // hop_length``, the
+    processor's, transformers' model's and Megatron-Bridge 0.6.2's; ``valid`` ``n // hop_length``, the
+    extractor's attention mask, which Bridge main's model counts); ``tokens``: their 8x subsampling.
+    ``frames_per_clip``: the frame axis ``F`` of the feature tensor (``1 + n // hop_length`` of the
+    longest clip, the extractor's output either way).
     ``truncated``: samples dropped by ``truncate``.
     """
 
@@ -207,11 +215,12 @@ def plan_audio(metadata: dict, options: AudioOptions = AudioOptions()) -> AudioP
         sizes = [min(length, clip) if options.long_audio == "truncate" else length]
     if min(sizes) // options.hop_length < 2:     # per-feature normalisation needs two frames (sample std)
         raise MediaError(f"a clip of {min(sizes)} samples has fewer than 2 mel frames")
-    frames = tuple(1 + s // options.hop_length for s in sizes)
+    stft = int(options.sound_length == "stft")
+    frames = tuple(stft + s // options.hop_length for s in sizes)
     return AudioPlan(duration=duration, source_sample_rate=int(metadata.get("sample_rate", 0)),
                      channels=int(metadata.get("channels", 0)), num_samples=num_samples, clip_samples=tuple(sizes),
                      frames=frames, tokens=tuple(audio_tokens(f, options.subsampling_layers) for f in frames),
-                     frames_per_clip=max(frames), truncated=max(0, num_samples - sum(sizes)))
+                     frames_per_clip=1 + max(sizes) // options.hop_length, truncated=max(0, num_samples - sum(sizes)))
 
 
 def _to_mono(frame) -> np.ndarray:
@@ -297,7 +306,8 @@ def process_audio(data: AudioSource, plan: AudioPlan,
 
     Returns ``features`` float32 ``[num_clips, F, num_mel_bins]`` (``F = plan.frames_per_clip``; a
     clip's ``1 + n // hop`` frames as the extractor returns them, the last one zero, then zero
-    padding) and ``lengths`` int64 ``[num_clips]`` (``plan.frames``). The waveform is trimmed /
+    padding) and ``lengths`` int64 ``[num_clips]`` (``plan.frames``: ``1 + n // hop``, or ``n // hop``
+    with ``options.sound_length`` ``valid``). The waveform is trimmed /
     zero-padded to ``plan.num_samples`` (a difference over ``options.tolerance_seconds`` raises
     :class:`MediaError`), then cut to the clips (``truncate`` drops what follows the first). Each clip
     is featurised as the extractor does it for that clip alone (equal-sized clips batched).
@@ -326,7 +336,7 @@ def process_audio(data: AudioSource, plan: AudioPlan,
                      return_attention_mask=True, return_tensors="pt")
             feats = out["input_features"]
             got = [feats.shape[1]] * len(group), [v + 1 for v in out["attention_mask"].sum(-1).tolist()]
-            want = [plan.frames[i] for i in group]
+            want = [1 + plan.clip_samples[i] // options.hop_length for i in group]
             if got != (want, want):
                 raise AssertionError(f"extractor gives {got[0]} frames ({got[1]} with its mask), the plan says {want}")
             features[group, :feats.shape[1]] = feats.to(torch.float32)
