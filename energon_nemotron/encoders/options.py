@@ -17,6 +17,11 @@ from energon_nemotron.registry import PROMPT_FORMATS
 
 #: the options dataclass of each media kind
 MEDIA_OPTIONS = {"image": ImageOptions, "video": VideoOptions, "audio": AudioOptions}
+#: the ``nemotron_omni_contract`` tag of the Megatron-Bridge checkpoints each Nemotron Omni output
+#: serves (Bridge main's model provider records it and refuses a checkpoint of the other contract)
+OMNI_CONTRACTS = {"nemotron_omni_step": "llava_collapse_expand_v1", "nemotron_omni_expanded": "expanded_sequence_v1"}
+#: the audio ``sound_length`` rule (``AudioOptions.sound_length``) each Nemotron Omni output's model counts
+OMNI_SOUND_LENGTH = {"nemotron_omni_step": "stft", "nemotron_omni_expanded": "valid"}
 
 
 def media_options(kind: str, values: dict):
@@ -57,7 +62,11 @@ class NemotronMultimodalOptions(StrictModel):
     preset: Optional[str] = None
     #: what ``batch`` yields: a ``PackedBatch``, or the dict of one Megatron-Bridge step (one row
     #: per micro-batch; ``integrations.megatron_bridge``)
-    output: Literal["packed_batch", "nemotron_omni_step", "gpt_step", "nemo_rl_packed"] = "packed_batch"
+    output: Literal["packed_batch", "nemotron_omni_step", "nemotron_omni_expanded", "gpt_step",
+                    "nemo_rl_packed"] = "packed_batch"
+    #: the ``nemotron_omni_contract`` of the Bridge checkpoint trained on (:data:`OMNI_CONTRACTS`):
+    #: checked against ``output`` at start; None: not checked
+    contract: Optional[Literal["expanded_sequence_v1", "llava_collapse_expand_v1"]] = None
     #: the bad-sample policy when the encoder runs under another loader than this project's (e.g.
     #: Bridge's Energon data module, whose WorkerConfig has no handler); None: the loader's
     on_error: Optional[Literal["raise", "skip"]] = None
@@ -88,6 +97,28 @@ class NemotronMultimodalOptions(StrictModel):
         if self.output not in p.outputs:
             raise ConfigError(f"task_encoder.options.output {self.output!r}: preset {self.preset!r} ({p.model}) "
                               f"serves {', '.join(p.outputs)}")
+        return self
+
+    @model_validator(mode="after")
+    def _contract(self) -> "NemotronMultimodalOptions":
+        where = "task_encoder.options"
+        if self.contract is not None:
+            want = OMNI_CONTRACTS.get(self.output)
+            served = ", ".join(f"{o}: {c}" for o, c in OMNI_CONTRACTS.items())
+            if want is None:
+                raise ConfigError(f"{where}.contract {self.contract!r} names a Nemotron Omni checkpoint's contract, "
+                                  f"but output {self.output!r} is not a Nemotron Omni step ({served})")
+            if want != self.contract:
+                other = next(o for o, c in OMNI_CONTRACTS.items() if c == self.contract)
+                raise ConfigError(f"{where}.contract {self.contract!r}: output {self.output!r} makes {want} batches; "
+                                  f"a {self.contract} checkpoint takes output {other!r}")
+        rule = OMNI_SOUND_LENGTH.get(self.output)
+        if rule is not None:
+            given = self.audio.get("sound_length", rule)
+            if given != rule:
+                raise ConfigError(f"{where}.audio.sound_length {given!r}: output {self.output!r} counts audio "
+                                  f"by {rule!r} mel frames (leave it unset)")
+            self.audio = {**self.audio, "sound_length": rule}
         return self
 
     @model_validator(mode="after")

@@ -2,10 +2,10 @@
 
 ``packed_batch`` (the default): a ``PackedBatch``. Any other name is a :class:`BatchOutput`
 registered in ``registry.BATCH_OUTPUTS``: the library registers the Megatron-Bridge steps
-(``nemotron_omni_step``, ``gpt_step``) from ``integrations.bridge_outputs``, by module name, so the
-core never imports its consumer adapters. An output checks the media of each sample before packing
-(a sample it cannot carry is a ``DataError`` of the sample, so ``on_error`` applies) and turns each
-batch into what its consumer reads.
+(``nemotron_omni_step``, ``nemotron_omni_expanded``, ``gpt_step``) from ``integrations.bridge_outputs``,
+by module name, so the core never imports its consumer adapters. An output checks the media of each
+sample before packing (a sample it cannot carry is a ``DataError`` of the sample, so ``on_error``
+applies) and turns each batch into what its consumer reads.
 """
 
 from __future__ import annotations

@@ -57,13 +57,14 @@ MODEL_PRESETS.register("nemotron_omni", ModelPreset(
     model="Nemotron 3 Omni (transformers NemotronH_Omni_Reasoning_V3; Bridge NemotronOmni, temporal_patch_dim 1)",
     image={"mode": "dynamic", **VISION_PATCHES},
     video={"maintain_aspect_ratio": True, "temporal_patch": 2, **VISION_PATCHES},
-    temporal_patch_dim=1, outputs=("packed_batch", "nemotron_omni_step", "nemo_rl_packed")))
+    temporal_patch_dim=1,
+    outputs=("packed_batch", "nemotron_omni_step", "nemotron_omni_expanded", "nemo_rl_packed")))
 
 MODEL_PRESETS.register("nemotron_omni_temporal", ModelPreset(
     model="Nemotron 3 Omni with Bridge's temporal video embedder (temporal_patch_dim 2)",
     image={"mode": "tiling", "tile_size": 512, "max_tiles": 1, "use_thumbnail": False, **VISION_PATCHES},
     video={"maintain_aspect_ratio": False, "target_patches": 1024, "temporal_patch": 2, **VISION_PATCHES},
-    temporal_patch_dim=2, outputs=("packed_batch", "nemotron_omni_step")))
+    temporal_patch_dim=2, outputs=("packed_batch", "nemotron_omni_step", "nemotron_omni_expanded")))
 
 MODEL_PRESETS.register("nemotron_nano_vl", ModelPreset(
     model="Nemotron Nano v2 VL (512x512 tiles)",

@@ -2,7 +2,8 @@
 own Energon data module: ``batch`` yields one step's dict per micro-batch instead of a
 ``PackedBatch`` (one packed row per micro-batch).
 
-Registered in ``registry.BATCH_OUTPUTS`` (``nemotron_omni_step``, ``gpt_step``). Besides what the
+Registered in ``registry.BATCH_OUTPUTS`` (``nemotron_omni_step``: Bridge 0.6.2's contract,
+``nemotron_omni_expanded``: Bridge main's, ``gpt_step``). Besides what the
 step reads (``integrations.megatron_bridge``) each dict carries, for the data loop's logs (unknown
 keys are None in Bridge's step): ``sample_keys``, ``skipped`` (this process's skips since its
 previous batch, by reason) and ``telemetry`` (samples, tokens, positions, fill ratio, media by kind).
@@ -17,6 +18,7 @@ from energon_nemotron.batch import PackedBatch
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.encoders.options import media_options
 from energon_nemotron.encoders.presets import VISION_PATCHES
+from energon_nemotron.integrations.bridge_expanded import to_nemotron_omni_expanded_batch
 from energon_nemotron.integrations.megatron_bridge import to_gpt_step_batch, to_nemotron_omni_step_batch
 from energon_nemotron.registry import BATCH_OUTPUTS
 
@@ -33,8 +35,8 @@ def telemetry(batch: PackedBatch, row: int = 0) -> dict:
             "fill_ratio": tokens / batch.seq_length, "media": media}
 
 
-def _omni_options(options: Any) -> None:
-    """What Bridge 0.6.2's Nemotron Omni model cannot take, known from the options: other than
+def _omni_options(options: Any, output: str) -> None:
+    """What Bridge's Nemotron Omni models (0.6.2's and main's) cannot take, known from the options: other than
     16 px patches with 2x2 pixel shuffle, tiled images (more than one unit per image), and
     multi-token prediction (the step's ``cu_seqlens_q`` holds real lengths, so megatron-core's MTP
     roll would cross segments and train pads; ``gpt_step`` is MTP-safe)."""
@@ -43,22 +45,22 @@ def _omni_options(options: Any) -> None:
         typed = media_options(kind, getattr(options, kind))
         for name, want in VISION_PATCHES.items():
             if getattr(typed, name) != want:
-                raise ConfigError(f"{where}.{kind}.{name} = {getattr(typed, name)!r}: output nemotron_omni_step "
+                raise ConfigError(f"{where}.{kind}.{name} = {getattr(typed, name)!r}: output {output} "
                                   f"(Bridge's Nemotron Omni vision path) takes {name} {want}; use the "
                                   "nemotron_omni preset")
     image = media_options("image", options.image)
     if image.mode == "tiling" and (image.max_tiles > 1 or image.use_thumbnail):
         raise ConfigError(f"{where}.image: tiling with max_tiles {image.max_tiles}, use_thumbnail "
-                          f"{image.use_thumbnail} makes tiled images; output nemotron_omni_step (Bridge's Nemotron "
+                          f"{image.use_thumbnail} makes tiled images; output {output} (Bridge's Nemotron "
                           "Omni model) takes one unit per image: use the nemotron_omni or nemotron_omni_temporal "
                           "preset")
     if options.mtp_num_layers:
-        raise ConfigError(f"{where}.mtp_num_layers = {options.mtp_num_layers}: output nemotron_omni_step is not "
+        raise ConfigError(f"{where}.mtp_num_layers = {options.mtp_num_layers}: output {output} is not "
                           "MTP-safe (its cu_seqlens_q holds real lengths, so megatron-core's MTP roll crosses "
                           "segments and trains pads); use output gpt_step for text, or packed_batch")
 
 
-def _no_options(options: Any) -> None:
+def _no_options(options: Any, output: str) -> None:
     """``gpt_step`` takes any layout (it refuses media per sample) and is MTP-safe."""
 
 
@@ -86,7 +88,7 @@ class StepOutput:
     temporal: bool = False
 
     def check_options(self, options: Any) -> None:
-        self.options(options)
+        self.options(options, self.name)
 
     def check_media(self, key: str, kinds: set[str], options: Any) -> None:
         self.media(key, kinds, options)
@@ -105,4 +107,6 @@ class StepOutput:
 
 BATCH_OUTPUTS.register("nemotron_omni_step", StepOutput("nemotron_omni_step", to_nemotron_omni_step_batch,
                                                         _omni_media, _omni_options, temporal=True))
+BATCH_OUTPUTS.register("nemotron_omni_expanded", StepOutput(
+    "nemotron_omni_expanded", to_nemotron_omni_expanded_batch, _omni_media, _omni_options, temporal=True))
 BATCH_OUTPUTS.register("gpt_step", StepOutput("gpt_step", to_gpt_step_batch, _text_only, _no_options))
