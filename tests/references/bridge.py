@@ -38,8 +38,19 @@ def references_dir() -> Path:
     return Path(os.environ.get(REFERENCES_ENV) or REPO / ".cache" / "references")
 
 
+#: a folder holding ``megatron/bridge/`` to import instead of the 0.6.2 wheel (e.g. Bridge main's ``src``,
+#: for ``references/bridge_main``)
+BRIDGE_ROOT_ENV = "ENERGON_NEMOTRON_BRIDGE_ROOT"
+
+
 def bridge_root() -> Path:
-    """The unpacked wheel: the folder that contains ``megatron/bridge/``."""
+    """The unpacked wheel: the folder that contains ``megatron/bridge/`` (``$ENERGON_NEMOTRON_BRIDGE_ROOT``
+    when set)."""
+    explicit = os.environ.get(BRIDGE_ROOT_ENV)
+    if explicit:
+        if not (Path(explicit) / "megatron" / "bridge").is_dir():
+            raise RuntimeError(f"${BRIDGE_ROOT_ENV} = {explicit} holds no megatron/bridge/")
+        return Path(explicit)
     root = references_dir() / f"megatron_bridge-{BRIDGE_VERSION}"
     if not (root / ".fetched").is_file() or not (root / "megatron" / "bridge").is_dir():
         raise RuntimeError(
