@@ -9,7 +9,9 @@ from pathlib import Path
 from conftest import DEMO_TOKENIZER
 from energon_nemotron.demo.datasets import prepare, write_shards
 from energon_nemotron.demo.media import make_audio, make_image
-from energon_nemotron.loading import build_train_loader
+from energon_data import loader_yaml
+from energon_nemotron.loading import build_task_encoder, build_train_loader
+from energon_nemotron.registry import COOKERS
 
 AUDIO_SECONDS = (1.0, 10.0, 30.0, 45.0)
 
@@ -69,3 +71,26 @@ def vocab() -> dict:
 
 def kinds(batch) -> set:
     return {s.kind for s in batch.media_spans[0]}
+
+
+def crude(key: str, text: str, **members) -> dict:
+    """A crude sample as Energon hands it to the ``general_conversations`` cooker: a human turn
+    ``text`` (with its media tags), an answer, and the ``members`` (media bytes by extension)."""
+    turns = [{"from": "human", "value": text}, {"from": "gpt", "value": "It is a test picture."}]
+    return {"__key__": key, "__restore_key__": ("test", key), "__shard__": "parts/data-0.tar",
+            "__subflavors__": {"cooker": "general_conversations"}, "__sources__": (),
+            "json": json.dumps({"conversations": turns}).encode(), **members}
+
+
+def encoder(tmp_path: Path, **extra):
+    """The task encoder of a loader config with the demo tokenizer, ``nemotron6``, seq_length 4096
+    and ``extra`` task-encoder options."""
+    cfg = loader_yaml(tmp_path / "c.yaml", {"path": "unused"}, seq_length=4096, prompt_format="nemotron6",
+                      extra_options=extra)
+    return build_task_encoder(cfg)
+
+
+def encode(enc, sample: dict):
+    """``sample`` (:func:`crude`) cooked and encoded by ``enc``."""
+    conv = COOKERS.get("general_conversations")(sample)
+    return enc.postencode_sample(enc.preencode_sample(conv))

@@ -4,23 +4,20 @@ go with it, checked at start, and the dict it yields. Bridge main's own code on 
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
+from bridge_data import crude, encode, encoder
 from conftest import DEMO_TOKENIZER
-from energon_data import loader_yaml
 from energon_nemotron.demo.media import make_audio, make_image, make_video
 from energon_nemotron.encoders import NemotronMultimodalOptions
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.integrations import BridgeBatchError, to_nemotron_omni_expanded_batch
-from energon_nemotron.loading import build_task_encoder
 from energon_nemotron.media import AudioOptions, plan_audio
 from energon_nemotron.media.audio import audio_tokens
-from energon_nemotron.registry import COOKERS
 
 EXPANDED = "nemotron_omni_expanded"
 
@@ -79,24 +76,6 @@ def test_valid_sound_length_counts_the_extractor_mask(frames):
     assert valid.tokens == (audio_tokens(frames),) and stft.tokens == (audio_tokens(frames + 1),)
     assert (valid.tokens != stft.tokens) == (frames % 8 == 0)
     assert valid.tokens[0] == -(-frames // 8)                                 # three (t + 1) // 2 halvings
-
-
-def crude(key: str, text: str, **members) -> dict:
-    turns = [{"from": "human", "value": text}, {"from": "gpt", "value": "It is a test item."}]
-    return {"__key__": key, "__restore_key__": ("test", key), "__shard__": "parts/data-0.tar",
-            "__subflavors__": {"cooker": "general_conversations"}, "__sources__": (),
-            "json": json.dumps({"conversations": turns}).encode(), **members}
-
-
-def encoder(tmp_path, **extra):
-    cfg = loader_yaml(tmp_path / "c.yaml", {"path": "unused"}, seq_length=4096, prompt_format="nemotron6",
-                      extra_options=extra)
-    return build_task_encoder(cfg)
-
-
-def encode(enc, sample):
-    conv = COOKERS.get("general_conversations")(sample)
-    return enc.postencode_sample(enc.preencode_sample(conv))
 
 
 def test_the_dict_is_the_row_itself_with_main_s_boundaries(tmp_path):

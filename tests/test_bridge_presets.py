@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 from pydantic import ValidationError
 
-from conftest import DEMO_TOKENIZER
+from bridge_data import crude, encode, encoder
 from energon_data import loader_yaml
 from energon_nemotron.demo.media import make_image, make_video
 from energon_nemotron.encoders import NemotronMultimodalOptions
@@ -16,7 +15,7 @@ from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.integrations import BridgeBatchError, to_gpt_step_batch, to_nemotron_omni_step_batch
 from energon_nemotron.loading import build_task_encoder, build_train_loader
 from energon_nemotron.media import plan_image
-from energon_nemotron.registry import COOKERS, MODEL_PRESETS
+from energon_nemotron.registry import MODEL_PRESETS
 
 
 def options(**kw) -> NemotronMultimodalOptions:
@@ -45,24 +44,6 @@ def test_presets_set_the_layout_their_model_needs():
 def test_preset_conflicts_are_configuration_errors(kw, match):
     with pytest.raises((ConfigError, ValidationError), match=match):
         options(**kw)
-
-
-def crude(key: str, text: str, **members) -> dict:
-    turns = [{"from": "human", "value": text}, {"from": "gpt", "value": "It is a test picture."}]
-    return {"__key__": key, "__restore_key__": ("test", key), "__shard__": "parts/data-0.tar",
-            "__subflavors__": {"cooker": "general_conversations"}, "__sources__": (),
-            "json": json.dumps({"conversations": turns}).encode(), **members}
-
-
-def encoder(tmp_path, **extra):
-    cfg = loader_yaml(tmp_path / "c.yaml", {"path": "unused"}, seq_length=4096, prompt_format="nemotron6",
-                      extra_options=extra)
-    return build_task_encoder(cfg)
-
-
-def encode(enc, sample):
-    conv = COOKERS.get("general_conversations")(sample)
-    return enc.postencode_sample(enc.preencode_sample(conv))
 
 
 def test_output_refuses_media_its_step_cannot_carry(tmp_path):
