@@ -100,7 +100,8 @@ class BatchMedia:
     - ``patch_size``: p, pixels per patch side of ``pixel_values`` (as the media options set it).
     - ``sound_features``: ``PackedTensor``, per audio item float32 [clips_i, F, mel] (F: the
       batch's longest clip, shorter ones zero-padded; deduplicated).
-    - ``sound_lengths``: ``PackedTensor``, per audio item int64 [clips_i]: mel frames of each clip.
+    - ``sound_lengths``: ``PackedTensor``, per audio item int64 [clips_i]: mel frames of each clip, its
+      ``sound_length`` (``1 + L // hop``, or the valid ``L // hop`` with ``audio.sound_length: valid``).
 
     Read-only dict-style access (``media["pixel_values"]``, ``keys()``, ``values()``, ``items()``,
     ``in``, ``len``, truth) covers the tensor fields that are set, as the dict this type replaced
