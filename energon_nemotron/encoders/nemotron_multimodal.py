@@ -48,6 +48,25 @@ from energon_nemotron.tokenization.loading import TextEncoder
 from energon_nemotron.types import Conversation, EncodedSample, EncodedSource, PackedRow, Pending
 
 
+def check_packing_buffer(packing: Optional[PackingConfig], packing_buffer_size: Optional[int]) -> None:
+    """A training loader must pack as ``packing`` says (Energon packs only when given a
+    ``packing_buffer_size``): else every row would hold one sample, or the packer would see
+    other buffers than the configuration's. A ``ConfigError`` at start naming the fix."""
+    want = packing.buffer_size if packing is not None else None
+    if (packing_buffer_size or None) == want:
+        return
+    fix = ("Megatron-Bridge: EnergonMultiModalDataModule(..., packing_buffer_size=N); Energon: "
+           "get_train_dataset(..., packing_buffer_size=N)")
+    if want is None:
+        raise ConfigError(f"the loader packs (packing_buffer_size {packing_buffer_size}) but the encoder has no "
+                          f"packing configuration; set packing: {{algorithm: ..., buffer_size: "
+                          f"{packing_buffer_size}}} or build the dataset without packing_buffer_size")
+    raise ConfigError(f"packing.buffer_size is {want} but the loader builds the dataset with packing_buffer_size "
+                      f"{packing_buffer_size}: " + ("every row would hold one sample" if not packing_buffer_size
+                                                     else "the packer would see other buffers")
+                      + f"; pass packing_buffer_size={want} ({fix})")
+
+
 @TASK_ENCODERS.register("nemotron_multimodal")
 class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
     """Task encoder of the Energon path (text, images, video, audio).
@@ -118,23 +137,9 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             worker_config.global_error_handler = ErrorPolicy(self.options.on_error or "raise", self.counters)
 
     def _check_packing_buffer(self, packing_buffer_size: Optional[int]) -> None:
-        """A training loader must pack as ``packing`` says (Energon packs only when given a
-        ``packing_buffer_size``): else every row would hold one sample, or the packer would see
-        other buffers than the configuration's. A ``ConfigError`` at start. (Not checked for
+        """:func:`check_packing_buffer` against this encoder's ``packing``. (Not checked for
         validation datasets, which readers such as ``stats`` build unpacked on purpose.)"""
-        want = self.packing.buffer_size if self.packing is not None else None
-        if (packing_buffer_size or None) == want:
-            return
-        fix = ("Megatron-Bridge: EnergonMultiModalDataModule(..., packing_buffer_size=N); Energon: "
-               "get_train_dataset(..., packing_buffer_size=N)")
-        if want is None:
-            raise ConfigError(f"the loader packs (packing_buffer_size {packing_buffer_size}) but the encoder has no "
-                              f"packing configuration; set packing: {{algorithm: ..., buffer_size: "
-                              f"{packing_buffer_size}}} or build the dataset without packing_buffer_size")
-        raise ConfigError(f"packing.buffer_size is {want} but the loader builds the dataset with packing_buffer_size "
-                          f"{packing_buffer_size}: " + ("every row would hold one sample" if not packing_buffer_size
-                                                         else "the packer would see other buffers")
-                          + f"; pass packing_buffer_size={want} ({fix})")
+        check_packing_buffer(self.packing, packing_buffer_size)
 
     def _check_data_ranks(self, worker_config: Any) -> None:
         """Under model parallelism (``tensor_parallel_size`` or ``context_parallel_size`` over 1)
