@@ -144,6 +144,32 @@ def image_items(rng: np.random.Generator) -> list[tuple[str, str, bytes, str]]:
     return out
 
 
+#: (mode, container) of the integer images wider than 8 bits, each with 8-, 12- and 16-bit data
+WIDE_MODES = (("I;16", "PNG"), ("I;16B", "TIFF"), ("I", "TIFF"))
+WIDE_SIZES = ((97, 61), (640, 360))
+
+
+def wide_items(rng: np.random.Generator) -> list[tuple[str, str, bytes, str]]:
+    """``(name, kind, encoded bytes, reference_input)`` of the 16-/32-bit integer images: every mode of
+    :data:`WIDE_MODES` with 8-, 12- and 16-bit data (a photo scaled to ``2**bits - 1``). 8-bit data is
+    fed to the processor as it opens (``as_opened``: its own conversion keeps it); wider data scaled to
+    8 bits by its bit depth (``scale_depth``: the project's documented rule, where the processor's own
+    conversion clips it near-white)."""
+    out = []
+    for mode, fmt in WIDE_MODES:
+        for bits in (8, 12, 16):
+            for i, (w, h) in enumerate(WIDE_SIZES):
+                data = np.round(photo(rng, w, h)[..., 1].astype(np.float64) * (2 ** bits - 1) / 255)
+                if mode == "I;16":
+                    encoded = _png16(data.astype(np.uint16))
+                else:
+                    arr = data.astype(">u2" if mode == "I;16B" else np.int32)
+                    encoded = _encode(Image.frombytes(mode, (w, h), arr.tobytes()), fmt)
+                name = f"{mode.replace(';', '')}_{bits}bit_{i}"
+                out.append((name, f"wide{bits}", encoded, "as_opened" if bits == 8 else "scale_depth"))
+    return out
+
+
 # -- videos ------------------------------------------------------------------------------------
 #: (name, width, height, fps, frames, rotation, reference kwargs, target_patches)
 VIDEOS = [
@@ -199,6 +225,11 @@ def build_corpus(folder: Path, kinds=("images", "videos", "audio"), seed: int = 
         path.write_bytes(data)
         manifest["images"].append({"name": name, "kind": kind, "file": f"images/{path.name}", "reference_input": ref,
                                    "full": int(name.rsplit("_", 1)[1]) in FULL_INDICES})
+    for name, kind, data, ref in wide_items(rng) if "wide_images" in kinds else ():
+        path = folder / "wide_images" / f"{name}.{'png' if name.startswith('I16_') else 'tiff'}"
+        path.write_bytes(data)
+        manifest["wide_images"].append({"name": name, "kind": kind, "file": f"wide_images/{path.name}",
+                                        "reference_input": ref, "full": True})
     for name, w, h, fps, frames, rotation, kwargs, target in VIDEOS if "videos" in kinds else ():
         path = folder / "videos" / f"{name}.mp4"
         make_indexed_video(path, w, h, fps, frames)

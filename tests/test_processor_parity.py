@@ -68,6 +68,31 @@ def test_pil_resize_differs_from_processor_as_documented(reference):
     assert 0 < float(np.mean(means)) < 0.02
 
 
+@pytest.fixture(scope="module")
+def wide_reference(tmp_path_factory):
+    return run_reference(tmp_path_factory.mktemp("omni_processor_wide"), kinds=("wide_images",))
+
+
+def test_wide_integer_images_equal_processor_or_scale_by_depth(wide_reference):
+    """``I;16``, ``I;16B`` and ``I`` images with 8-, 12- and 16-bit data: 8-bit data equals the processor
+    fed the image as it opens (it keeps it); wider data equals the processor fed the data scaled by its
+    bit depth, where the processor's own conversion clips it near-white (the documented difference)."""
+    seen = collections.Counter()
+    for item in wide_reference.items("wide_images"):
+        data = (wide_reference.corpus / item["file"]).read_bytes()
+        result = wide_reference.results["wide_images"][item["name"]]
+        ours = process_image(data, plan_image(*image_header_size(data))).numpy()
+        ref = wide_reference.array("wide_images", item["name"])
+        assert ours.shape == ref.shape == (result["num_patches"], 768), item["name"]
+        diff = float(np.abs(ours - ref).max())
+        assert diff <= IMAGE_TOLERANCE, f"{item['name']}: max |diff| {diff:.3g} > {IMAGE_TOLERANCE}"
+        assert abs(float(ours.mean())) < 1.0, item["name"]          # an image, not a white or black field
+        if item["reference_input"] == "scale_depth":                # the processor's own: mostly white
+            assert result["as_opened_mean"] > float(ours.mean()) + 0.6, item["name"]
+        seen[item["kind"]] += 1
+    assert seen == {"wide8": 6, "wide12": 6, "wide16": 6}
+
+
 # ---------------------------------------------------------------------------------------------
 # video
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,11 @@ as ``v * SCALE + SHIFT``: the same to float rounding).
 
 Decoding to RGB follows the Omni processor's ``convert_to_rgb``: an image with an alpha band or a
 ``transparency`` key is composited onto white; others go through ``convert("RGB")`` (palette,
-grayscale, CMYK, ...). 16-bit data (``I;16*``, ``I``) is scaled to 8 bits first (``v >> 8``): PIL's
-own conversion clips it, which turns most 16-bit images white. A GIF or other animated file gives its
+grayscale, CMYK, ...). Integer data wider than 8 bits (``I;16*``, ``I``): where every value fits in
+8 bits (an 8-bit image stored in a 16-bit PNG) it is kept as it is, exactly as the processor keeps it;
+otherwise it is scaled to 8 bits by its real bit depth (``v >> (bits - 8)``, ``bits`` that of the
+largest value: 12-bit data ``v >> 4``, 16-bit ``v >> 8``), a deliberate difference: PIL's conversion,
+which the processor uses, clips such data at 255, which turns the image near-white. A GIF or other animated file gives its
 first frame.
 
 Resize (``ImageOptions.resize``): ``hf`` — float32 antialiased bicubic without clamping, as the
@@ -245,12 +248,28 @@ def plan_image(width: int, height: int, options: ImageOptions = ImageOptions()) 
 _SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 
 
+def depth_shift(peak: int) -> int:
+    """Right shift that brings integer data whose largest value is ``peak`` to 8 bits: 0 when it
+    fits in 8 bits (``peak <= 255``), else its bit depth minus 8 (12-bit data: 4, 16-bit: 8)."""
+    return max(0, int(peak).bit_length() - 8)
+
+
+def _wide_to_gray(im: Image.Image) -> Image.Image:
+    """An ``I;16*`` / ``I`` image as 8-bit ``L``: negative values as 0, then ``v >> depth_shift(max)``
+    (data that fits in 8 bits is kept as it is, as the processor's conversion keeps it)."""
+    wide = np.asarray(im)
+    if wide.dtype.kind == "i":
+        wide = np.maximum(wide, 0)
+    shift = depth_shift(int(wide.max())) if wide.size else 0
+    return Image.fromarray((wide >> shift).astype(np.uint8), "L")
+
+
 def to_rgb(im: Image.Image) -> Image.Image:
     """RGB uint8 image of ``im`` as the processor's ``convert_to_rgb`` makes it (alpha or a
-    ``transparency`` key composited onto white), 16-bit data scaled to 8 bits (``v >> 8``) first."""
+    ``transparency`` key composited onto white); 16- and 32-bit integer data scaled to 8 bits by
+    its real bit depth first (:func:`_wide_to_gray`)."""
     if im.mode in _SIXTEEN_BIT:
-        wide = np.clip(np.asarray(im), 0, 65535).astype(np.uint32)
-        im = Image.fromarray((wide >> 8).astype(np.uint8), "L")
+        im = _wide_to_gray(im)
     if "A" in im.getbands() or im.info.get("transparency") is not None:
         white = Image.new("RGBA", im.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, im.convert("RGBA")).convert("RGB")

@@ -8,14 +8,15 @@ never imports the project, and writes what the processor produced::
     python tests/references/hf_omni_processor.py CORPUS OUT --tokenizer TOKENIZER_DIR
 
 ``OUT/results.json`` holds versions, image grids / patch counts / float64 sums, video frame indices /
-fps / prompt text / ids and audio token counts / mask sums; ``OUT/images/NAME.npy`` the image
-``pixel_values`` ``[P, 768]`` (for items not marked ``full``: only the rows listed in ``rows``),
+fps / prompt text / ids and audio token counts / mask sums; ``OUT/images/NAME.npy`` (and
+``OUT/wide_images/NAME.npy``) the image ``pixel_values`` ``[P, 768]`` (for items not marked ``full``: only the rows listed in ``rows``),
 ``OUT/videos/NAME.npy`` the video ``pixel_values_videos[0]`` ``[tubelets, 6, H, W]`` and
 ``OUT/audio/NAME.npy`` the ``input_features[0]`` ``[1 + L // 160, 128]`` (float32 each).
 
 How each item is fed is what a user of the processor does: images opened with PIL and upright
 (``ImageOps.exif_transpose``, as ``transformers.image_utils.load_image`` does); 16-bit images
-scaled to 8 bits first (``v >> 8``; the processor's own conversion clips them); videos decoded by
+scaled to 8 bits first (``v >> 8``; the processor's own conversion clips them), the wide-integer set
+as it opens where its data fits in 8 bits, else scaled by its bit depth; videos decoded by
 ``transformers.video_utils.load_video(backend="pyav")`` with the processor's ``sample_frames``
 and the manifest's ``fps`` / ``num_frames``, frames turned upright by the manifest's rotation;
 audio as the WAV's ``int16 / 32768`` waveform.
@@ -56,10 +57,15 @@ def processor(tokenizer_dir: str, target_patches: int = 1024) -> NemotronH_Omni_
 
 
 def reference_image(path: Path, how: str) -> Image.Image:
+    """``how``: ``exif_transpose`` (what ``load_image`` does), ``as_opened`` (the PIL image as it opens),
+    ``scale16`` (16-bit data as ``v >> 8``) or ``scale_depth`` (integer data as ``v >> (bits - 8)``,
+    ``bits`` the bit length of its largest value: the project's documented rule for data over 8 bits)."""
     im = Image.open(path)
-    if how == "scale16":
-        return Image.fromarray((np.asarray(im).astype(np.uint32) >> 8).astype(np.uint8), "L")
-    return ImageOps.exif_transpose(im)
+    if how in ("scale16", "scale_depth"):
+        wide = np.maximum(np.asarray(im).astype(np.int64), 0)
+        shift = 8 if how == "scale16" else max(0, int(wide.max()).bit_length() - 8)
+        return Image.fromarray((wide >> shift).astype(np.uint8), "L")
+    return im if how == "as_opened" else ImageOps.exif_transpose(im)
 
 
 SAMPLED_ROWS = 48
@@ -72,19 +78,24 @@ def sampled_rows(name: str, n: int) -> list[int]:
     return sorted(int(i) for i in picked)
 
 
-def run_images(items: list, corpus: Path, out: Path, proc) -> dict:
+def run_images(items: list, corpus: Path, out: Path, proc, folder: str = "images") -> dict:
+    """Every item's ``pixel_values`` (see the module docs); items not fed as opened also record
+    ``as_opened_mean``, the mean of what the processor makes of the image as it opens."""
     results = {}
-    (out / "images").mkdir(parents=True, exist_ok=True)
+    (out / folder).mkdir(parents=True, exist_ok=True)
     for item in items:
         feats = proc.image_processor(images=[reference_image(corpus / item["file"], item["reference_input"])],
                                      return_tensors="pt")
         pixels = feats["pixel_values"].numpy().astype(np.float32)
         entry = {"grid": feats["image_grid_hw"][0].tolist(), "num_patches": int(pixels.shape[0]),
                  "sum": float(pixels.astype(np.float64).sum())}
+        if item["reference_input"] == "scale_depth":
+            raw = proc.image_processor(images=[Image.open(corpus / item["file"])], return_tensors="pt")
+            entry["as_opened_mean"] = float(raw["pixel_values"].double().mean())
         if not item.get("full", True):
             entry["rows"] = sampled_rows(item["name"], pixels.shape[0])
             pixels = pixels[entry["rows"]]
-        np.save(out / "images" / f"{item['name']}.npy", pixels)
+        np.save(out / folder / f"{item['name']}.npy", pixels)
         results[item["name"]] = entry
     return results
 
@@ -143,6 +154,8 @@ def main() -> None:
     kinds = args.only.split(",")
     if "images" in kinds:
         results["images"] = run_images(manifest["images"], args.corpus, args.out, proc)
+    if "wide_images" in kinds:
+        results["wide_images"] = run_images(manifest["wide_images"], args.corpus, args.out, proc, "wide_images")
     if "videos" in kinds:
         results["videos"] = run_videos(manifest["videos"], args.corpus, args.out, args.tokenizer)
     if "audio" in kinds:
