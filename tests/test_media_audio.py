@@ -195,7 +195,7 @@ def test_adts_duration_from_packets():
 
 
 def test_incomplete_quick_probe_falls_back_to_the_full_probe(monkeypatch):
-    import energon_nemotron.media.audio as audio_mod
+    import energon_nemotron.media.audio_decode as audio_mod
 
     data = make_video(seconds=1.0, container="mpegts", with_audio=True)
     calls = []
