@@ -49,9 +49,10 @@ $(COMPAT_STAMP): pyproject.toml Makefile
 
 references: $(REF_STAMP) $(BRIDGE_STAMP) $(MCORE_STAMP)
 
-$(REF_STAMP):
+$(REF_STAMP): Makefile
 	@test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
-	$(REF_VENV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 pillow av numpy
+	$(REF_VENV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 pillow av numpy \
+	    soundfile==0.14.0 soxr==1.1.0
 	@touch $(REF_STAMP)
 
 $(BRIDGE_STAMP): | $(STAMP)

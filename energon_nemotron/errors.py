@@ -77,7 +77,8 @@ class LoaderError(RuntimeError):
 class MediaError(ValueError):
     """A media item that cannot be planned or decoded (bad header, unsupported format, over a size
     limit, metadata that disagrees with the content). The task encoder re-raises it as a
-    ``DataError`` naming the sample key, with ``code`` (``corrupt_media`` or ``media_too_large``)."""
+    ``DataError`` naming the sample key, with ``code`` (``corrupt_media``, ``media_too_large`` or
+    ``audio_too_short``)."""
 
     def __init__(self, message: str, code: str = "corrupt_media") -> None:
         super().__init__(message)
@@ -89,7 +90,7 @@ CODES = ("invalid_sample", "invalid_json", "invalid_utf8", "json_too_deep", "lon
          "unknown_role", "empty_assistant", "no_assistant",
          "empty_conversation", "media_reference", "missing_media", "path_escape", "path_too_long", "reserved_tag",
          "tokenization", "template_drops",
-         "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large",
+         "invalid_thinking", "no_trainable_tokens", "over_length", "corrupt_media", "media_too_large", "audio_too_short",
          "unsupported_media", "other")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import struct
 import wave
 import zlib
@@ -208,6 +209,41 @@ def tone_wav(num_samples: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
+#: (codec, source rate, channels) of the codec set; every codec at two rates, mono and stereo
+AUDIO_CODEC_CONFIGS = [(codec, rate, ch) for codec, rates in (
+    ("wav", (8000, 22050, 44100, 48000)), ("flac", (16000, 44100)), ("mp3", (22050, 44100)),
+    ("vorbis", (22050, 48000)), ("opus", (16000, 48000)), ("m4a", (16000, 44100)))
+    for rate in rates for ch in (1, 2)]
+#: 16 kHz WAV lengths around the short-audio bands: under 2 hops (the processor's features are NaN),
+#: under 1280 samples (1 token) and around 0.1 s (1600)
+SHORT_AUDIO = (1, 100, 319, 320, 321, 479, 480, 800, 1279, 1280, 1281, 1599, 1600, 1601)
+
+
+def source_lengths(rng: np.random.Generator, rate: int, count: int) -> list[int]:
+    """``count`` source lengths (samples at ``rate``) of 0.3-2.5 s whose 16 kHz lengths fall on varied
+    residues modulo 160; at a rate that does not divide 16 kHz, half of them where ``ceil`` and ``round`` of
+    ``n * 16000 / rate`` differ across a multiple of 160 (another mel frame either way)."""
+    out: list[int] = []
+    while len(out) < count:
+        n = int(rng.integers(int(0.3 * rate), int(2.5 * rate)))
+        exact = n * 16000 / rate
+        crosses = math.ceil(exact) % 160 == 0 and round(exact) != math.ceil(exact)
+        if 16000 % rate == 0 or len(out) % 2 == 0 or crosses:        # 16 kHz and 8 kHz never round
+            out.append(n)
+    return out
+
+
+def audio_file_items(rng: np.random.Generator) -> list[tuple[str, str, int, int, int]]:
+    """``(name, codec, rate, channels, source samples)``: 6 lengths per codec configuration, 24 more mono
+    WAVs per resampled rate, and the short 16 kHz WAVs."""
+    items = []
+    for codec, rate, ch in AUDIO_CODEC_CONFIGS:
+        count = 6 + (24 if codec == "wav" and ch == 1 else 0)
+        items += [(f"{codec}_{rate}_{ch}ch_{n}", codec, rate, ch, n) for n in source_lengths(rng, rate, count)]
+    items += [(f"wav_16000_1ch_{n}", "wav", 16000, 1, n) for n in SHORT_AUDIO]
+    return items
+
+
 def build_corpus(folder: Path, kinds=("images", "videos", "audio"), seed: int = 12) -> dict:
     """Write the corpus (the given kinds) under ``folder`` and return (and write) its manifest."""
     from indexed_video import make_indexed_video
@@ -241,5 +277,12 @@ def build_corpus(folder: Path, kinds=("images", "videos", "audio"), seed: int = 
         path = folder / "audio" / f"a{n}.wav"
         path.write_bytes(tone_wav(n, seed + i))
         manifest["audio"].append({"name": f"a{n}", "file": f"audio/{path.name}", "num_samples": n})
+    for i, (name, codec, rate, ch, n) in enumerate(audio_file_items(rng) if "audio_files" in kinds else ()):
+        from audio_codecs import encode, extension, signal
+
+        path = folder / "audio_files" / f"{name}.{extension(codec)}"
+        path.write_bytes(encode(signal(n, rate, ch, seed + i), rate, codec))
+        manifest["audio_files"].append({"name": name, "file": f"audio_files/{path.name}", "codec": codec,
+                                        "rate": rate, "channels": ch, "source_samples": n})
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest

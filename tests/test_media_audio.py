@@ -47,10 +47,13 @@ def ref_tokens(n_samples: int, hop: int = 160) -> int:
 
 
 def ref_clips(n_samples: int, sr: int = SR, clip_s: float = 30, tail_s: float = 0.1) -> list[int]:
-    """vLLM ``ParakeetExtractor`` clip sizes (notes Appendix A ``vllm_clip_tokens``)."""
+    """vLLM ``ParakeetExtractor`` clip sizes (notes Appendix A ``vllm_clip_tokens``) for items of at
+    least ``tail_s``; a shorter item is one clip of its own samples, as the processor takes it (vLLM
+    pads it to ``tail_s``)."""
     clip, tail = int(round(clip_s * sr)), int(round(tail_s * sr))
-    n = max(n_samples, tail)
-    full, rem = divmod(n, clip)
+    if n_samples < tail:
+        return [n_samples]
+    full, rem = divmod(n_samples, clip)
     return [clip] * full + ([max(rem, tail)] if rem else [])
 
 
@@ -113,7 +116,7 @@ def test_audio_tokens_property(n_samples):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(min_value=1, max_value=SR * 1800))
+@given(st.integers(min_value=320, max_value=SR * 1800))
 def test_plan_matches_the_vllm_clip_rule(n_samples):
     plan = plan_audio({"duration": n_samples / SR, "sample_rate": SR, "channels": 1})
     assert plan.num_samples == n_samples
@@ -143,7 +146,8 @@ def test_tokens_equal_the_processor_for_every_clip_length():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("container, rate, channels, meta_rate", [
     ("wav", 22050, 2, 22050), ("flac", 44100, 2, 44100), ("mp3", 22050, 2, 22050),
-    ("mp3", 44100, 1, 44100), ("ogg", 48000, 2, 48000), ("ogg", 16000, 1, 48000),   # Opus decodes at 48k
+    ("mp3", 44100, 1, 44100), ("ogg", 48000, 2, 48000),
+    ("ogg", 16000, 1, 16000),    # libsndfile decodes Opus at the input rate its header records
 ])
 def test_metadata_from_headers(container, rate, channels, meta_rate):
     data = make_audio(1.5, rate, channels, 0, container)
@@ -165,14 +169,13 @@ def test_metadata_of_mp4_with_video_and_aac(tmp_path):
     assert features.shape == (1, 201, 128) and lengths.tolist() == [201]
 
 
-def test_mp4_aac_tail_padding_vs_tolerance():
+def test_mp4_aac_tail_padding_is_cut_to_the_header_duration():
     # 16 kHz AAC frames are 1024 samples (64 ms) and FFmpeg does not trim the last frame's padding:
-    # 2.5 s decodes to 2.56 s, over the default 0.05 s tolerance; a wider tolerance accepts it.
+    # 2.5 s decodes to 2.56 s, over the default 0.05 s tolerance; the decoder cuts it to the MP4's duration
     data = make_video(seconds=2.5, with_audio=True)
     plan = plan_audio(audio_metadata(data))
-    with pytest.raises(MediaError, match="metadata says 2.500 s but the audio decodes to 2.560 s"):
-        process_audio(data, plan)
-    features, lengths = process_audio(data, plan, AudioOptions(tolerance_seconds=0.07))
+    assert decode_audio(data).shape[0] == plan.num_samples == 40000
+    features, lengths = process_audio(data, plan)
     assert lengths.tolist() == [251] and features.shape == (1, 251, 128)
 
 
@@ -223,8 +226,18 @@ def test_plan_clip_split():
     assert tail.frames == (3001, 11) and tail.tokens == (376, 2)
 
     assert plan_audio({"duration": 30.0}).clip_samples == (480000,)
-    assert plan_audio({"duration": 0.01}).clip_samples == (1600,)  # a tiny item is one padded clip
-    assert plan_audio({"duration": 0.01}).num_samples == 160
+    assert plan_audio({"duration": 0.05}).clip_samples == (800,)   # a short item is one clip of its samples
+    assert plan_audio({"duration": 0.05}).tokens == (1,)
+    assert plan_audio({"duration": 0.02}).clip_samples == (320,)
+
+
+@pytest.mark.parametrize("n", [1, 100, 160, 319])
+def test_audio_under_two_hops_is_audio_too_short(n):
+    """Under 320 samples the extractor's per-feature normalisation has one frame (the processor's
+    features are NaN): a per-sample error with its own reason code."""
+    with pytest.raises(MediaError, match="under the 320 samples") as e:
+        plan_audio({"duration": n / SR, "sample_rate": SR, "channels": 1})
+    assert e.value.code == "audio_too_short"
 
 
 @pytest.mark.parametrize("bad", [dict(sample_rate=0), dict(min_clip_seconds=40.0), dict(min_clip_seconds=0.0),

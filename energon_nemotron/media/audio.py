@@ -2,8 +2,8 @@
 
 Plan (pre-encode, headers only): :func:`audio_metadata` + :func:`plan_audio` give the sample count,
 the clips (``AudioOptions.long_audio``) and the tokens per clip. Process (post-encode):
-:func:`process_audio` decodes (:func:`decode_audio`, in :mod:`~energon_nemotron.media.audio_decode`), forces the planned length, splits into the
-clips and runs ``transformers.ParakeetFeatureExtractor`` (per-clip, per-feature normalised log-mel).
+:func:`process_audio` decodes (:func:`decode_audio`, in :mod:`~energon_nemotron.media.audio_decode`:
+as the processor's ``load_audio``), forces the planned length, splits into the clips and runs ``transformers.ParakeetFeatureExtractor`` (per-clip, per-feature normalised log-mel).
 
 Token rule, as the Omni processor (``_estimate_audio_num_embeddings``), the transformers model
 (``get_audio_features``: ``subsample(mask.sum() + 1)``) and Megatron-Bridge (``sound_length =
@@ -12,8 +12,12 @@ mel frames (the center-padded STFT; the extractor's attention mask covers the fi
 the last frame is zero), then the FastConformer 8x subsampling (three stride-2 convs, kernel 3,
 pad 1): ``n <- (n - 1) // 2 + 1`` three times. 10 s: 1001 frames, 126 tokens.
 
-Long audio (``long_audio``): ``clips`` splits into ``clip_seconds`` clips (the last one zero-padded to
-``min_clip_seconds``), each featurised and normalised on its own; ``whole`` keeps one clip however
+Short audio: an item of fewer than two hops (320 samples, 20 ms) is refused (``audio_too_short``: the
+extractor's per-feature normalisation has nothing to normalise and the processor's features are NaN);
+any longer item up to ``clip_seconds`` is one clip of exactly its samples, the processor's input.
+
+Long audio (``long_audio``): ``clips`` splits into ``clip_seconds`` clips (the last one of a split
+zero-padded to ``min_clip_seconds``), each featurised and normalised on its own; ``whole`` keeps one clip however
 long (the processor's behaviour: one extractor call, normalised over the whole item); ``truncate``
 keeps the first ``clip_seconds`` (Megatron-Bridge's ``max_audio_duration``) and drops the rest.
 """
@@ -30,7 +34,7 @@ import torch
 from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.media.audio_decode import AudioSource, audio_metadata, decode_audio
 
-__all__ = ["AudioOptions", "AudioPlan", "AudioSource", "audio_metadata", "audio_tokens", "decode_audio",
+__all__ = ["AudioOptions", "AudioPlan", "AudioSource", "audio_metadata", "audio_tokens", "decode_audio", "planned_samples",
            "plan_audio", "process_audio"]
 _GROUP = 4                  # clips per feature-extractor call (bounds the STFT's memory)
 
@@ -41,7 +45,7 @@ class AudioOptions:
 
     sample_rate: int = 16000
     clip_seconds: float = 30.0
-    min_clip_seconds: float = 0.1      # the last clip is zero-padded to at least this
+    min_clip_seconds: float = 0.1      # the last clip of a split (long_audio: clips) is zero-padded to this
     max_seconds: float = 1800.0        # longer -> MediaError
     num_mel_bins: int = 128
     hop_length: int = 160
@@ -73,7 +77,7 @@ class AudioOptions:
         return int(round(self.clip_seconds * self.sample_rate))
 
     @property
-    def min_clip_length(self) -> int:  # minimum samples of the last clip (1600)
+    def min_clip_length(self) -> int:  # minimum samples of the last clip of a split (1600)
         return int(round(self.min_clip_seconds * self.sample_rate))
 
 
@@ -81,11 +85,10 @@ class AudioOptions:
 class AudioPlan:
     """What one audio item becomes, decided from metadata only.
 
-    ``num_samples = round(duration * options.sample_rate)`` (Python ``round``) is the length of the
-    decoded waveform. ``clip_samples``: the samples of each clip (``long_audio``: ``clips`` —
-    ``clip_length`` each, the remainder as the last clip, zero-padded to ``min_clip_length``;
-    ``whole`` — one clip of all samples; ``truncate`` — one clip of at most ``clip_length``; an item
-    shorter than ``min_clip_length`` is always one padded clip). ``frames``: the mel frames each clip
+    ``num_samples`` (:func:`planned_samples`) is the length of the decoded waveform.
+    ``clip_samples``: the samples of each clip (``long_audio``: ``clips`` — ``clip_length`` each, the
+    remainder as the last clip, zero-padded to ``min_clip_length`` when it follows a full clip;
+    ``whole`` — one clip of all samples; ``truncate`` — one clip of at most ``clip_length``). ``frames``: the mel frames each clip
     counts as, its ``sound_length`` (``options.sound_length``: ``stft`` ``1 + n // hop_length``, the
     processor's, transformers' model's and Megatron-Bridge 0.6.2's; ``valid`` ``n // hop_length``, the
     extractor's attention mask, which Bridge main's model counts); ``tokens``: their 8x subsampling.
@@ -125,10 +128,24 @@ def audio_tokens(frames: int, layers: int = 3) -> int:
     return max(1, n)
 
 
+def planned_samples(metadata: dict, rate: int) -> int:
+    """Samples of the item at ``rate``: with ``frames`` (the source's exact count, as
+    :func:`audio_metadata` gives where libsndfile reads the file) the processor's ``load_audio`` length,
+    ``frames`` at the same rate, else ``ceil(frames * rate / sample_rate)``; without it
+    ``round(duration * rate)`` (Python ``round``)."""
+    frames, source = metadata.get("frames"), metadata.get("sample_rate")
+    if frames is not None and source:
+        frames, source = int(frames), int(source)
+        return frames if source == rate else math.ceil(frames * rate / source)
+    return int(round(float(metadata["duration"]) * rate))
+
+
 def plan_audio(metadata: dict, options: AudioOptions = AudioOptions()) -> AudioPlan:
     """The :class:`AudioPlan` for ``metadata`` (as from :func:`audio_metadata`); no decoding.
 
-    Raises :class:`MediaError` for an empty item or one longer than ``options.max_seconds``.
+    Raises :class:`MediaError` for an empty item, one longer than ``options.max_seconds``
+    (``media_too_large``) or one under two hops (320 samples at 16 kHz: ``audio_too_short``, where the
+    extractor's per-feature normalisation has no variance and the processor's features are NaN).
     """
     duration = float(metadata["duration"])
     if not math.isfinite(duration) or duration <= 0:
@@ -136,16 +153,17 @@ def plan_audio(metadata: dict, options: AudioOptions = AudioOptions()) -> AudioP
     if duration > options.max_seconds:
         raise MediaError(f"audio is {duration:.2f} s, over the {options.max_seconds:g} s limit",
                          code="media_too_large")
-    num_samples = int(round(duration * options.sample_rate))
-    if num_samples <= 0:
-        raise MediaError(f"audio duration {duration} s rounds to zero samples")
+    num_samples = planned_samples(metadata, options.sample_rate)
+    if num_samples < 2 * options.hop_length:
+        raise MediaError(f"audio is {num_samples} samples ({num_samples / options.sample_rate:.4f} s) at "
+                         f"{options.sample_rate} Hz, under the {2 * options.hop_length} samples (2 mel frames) the "
+                         "feature extractor needs", code="audio_too_short")
     clip, tail = options.clip_length, options.min_clip_length
-    length = max(num_samples, tail)
     if options.long_audio == "clips":
-        full, rem = divmod(length, clip)
-        sizes = [clip] * full + ([max(rem, tail)] if rem else [])
+        full, rem = divmod(num_samples, clip)
+        sizes = [clip] * full + ([max(rem, tail) if full else rem] if rem else [])
     else:
-        sizes = [min(length, clip) if options.long_audio == "truncate" else length]
+        sizes = [min(num_samples, clip) if options.long_audio == "truncate" else num_samples]
     if min(sizes) // options.hop_length < 2:     # per-feature normalisation needs two frames (sample std)
         raise MediaError(f"a clip of {min(sizes)} samples has fewer than 2 mel frames")
     stft = int(options.sound_length == "stft")

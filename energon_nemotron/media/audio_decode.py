@@ -1,11 +1,22 @@
 """Audio decoding for :mod:`energon_nemotron.media.audio`: the header metadata of the first audio
-stream and its waveform as float32 mono at the model's rate (PyAV).
+stream and its waveform as float32 mono at the model's rate, as the Omni processor loads audio.
+
+The processor (``transformers.audio_utils.load_audio``, what ``NemotronH_Omni_Reasoning_V3Processor``
+calls on a path; its default without torchcodec) decodes with ``soundfile`` (libsndfile: WAV, FLAC,
+MP3, Ogg Vorbis and Opus, AIFF, ...), takes the channel mean, and resamples with ``soxr`` (``soxr_hq``)
+to ``ceil(n * 16000 / rate)`` samples. This module does the same: what libsndfile opens is decoded
+by it, so the samples, their number and the features are the processor's bit for bit (Opus's
+pre-skip and MP3's encoder delay are libsndfile's to remove, before any length is planned: the
+planned length is ``frames`` as libsndfile counts them). What it cannot open (M4A/AAC, an MP4's or
+a WebM's audio track: the processor needs torchcodec, i.e. FFmpeg, for those) is decoded with PyAV
+(FFmpeg), its length planned from the container headers, then resampled by the same rule.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 from typing import Union
 
@@ -15,7 +26,8 @@ from energon_nemotron.errors import MediaError
 
 AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike]
 
-_CHUNK = 1 << 15            # native-rate mono samples gathered before one resampler call
+#: errors of a file libsndfile cannot read (its own, a bad argument, a file-like it cannot seek)
+_SF_ERRORS = (RuntimeError, TypeError, ValueError, OSError, EOFError)
 
 
 # FFmpeg's default probe reads up to 5 MB (about 30 ns a byte for WAV: 34 ms for a 20 s stereo file);
@@ -52,14 +64,34 @@ def _open_audio(data: AudioSource):
 _GUESSED_DURATION = frozenset({"aac"})
 
 
-def audio_metadata(data: AudioSource) -> dict:
-    """``{"duration": float seconds, "sample_rate": int, "channels": int}`` of the first audio stream.
+def _soundfile(data: AudioSource):
+    """An open ``soundfile.SoundFile`` of ``data``, or None where libsndfile cannot read it."""
+    import soundfile
 
-    Duration: the stream header (``stream.duration * time_base``), else the container's; ADTS sums
+    src = io.BytesIO(bytes(data)) if isinstance(data, (bytes, bytearray, memoryview)) else os.fspath(data)
+    try:
+        return soundfile.SoundFile(src)
+    except _SF_ERRORS:
+        return None
+
+
+def audio_metadata(data: AudioSource) -> dict:
+    """``{"duration": float seconds, "sample_rate": int, "channels": int}`` of the first audio stream,
+    plus ``"frames"`` (int: samples per channel at ``sample_rate``) where libsndfile reads the file.
+
+    libsndfile's count is exact (after Opus's pre-skip and MP3's encoder delay). Otherwise (PyAV):
+    duration from the stream header (``stream.duration * time_base``), else the container's; ADTS sums
     its packets' durations; only without any duration is the stream decoded to count samples.
     Raises :class:`MediaError` for unreadable data, no audio stream or zero length.
     """
     import av
+
+    f = _soundfile(data)
+    if f is not None:
+        with f:
+            rate, channels, frames = int(f.samplerate), int(f.channels), int(f.frames)
+        if rate > 0 and channels > 0 and 0 < frames < 1 << 48:
+            return {"duration": frames / rate, "sample_rate": rate, "channels": channels, "frames": frames}
 
     with _open_audio(data) as (container, stream):
         cc = stream.codec_context
@@ -97,43 +129,65 @@ def _to_mono(frame) -> np.ndarray:
     return mono - np.float32(1.0) if kind == "u" else mono
 
 
-def decode_audio(data: AudioSource, options=None) -> np.ndarray:
-    """Decode the first audio stream (any container, e.g. an MP4 with video) to float32 ``[n]`` mono
-    at ``options.sample_rate`` (an ``AudioOptions``; None: 16 kHz): channel mean, then
-    ``av.AudioResampler`` (flt, mono), flushed at the end. Raises :class:`MediaError` for unreadable
-    data or when nothing decodes."""
+def resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """float32 ``[n]`` at ``rate`` as float32 ``[ceil(n * target / rate)]`` at ``target``: ``soxr``'s
+    ``soxr_hq`` resampler, zero-padded or cut to that length (the processor's ``load_audio``)."""
+    if rate == target:
+        return np.ascontiguousarray(wave, dtype=np.float32)
+    import soxr
+
+    n = math.ceil(wave.shape[-1] * target / rate)
+    out = soxr.resample(wave, rate, target, quality="soxr_hq")
+    return np.ascontiguousarray(np.pad(out, (0, max(0, n - len(out))))[:n], dtype=np.float32)
+
+
+def _read_soundfile(f) -> tuple[np.ndarray, int]:
+    """``(float32 mono [n], rate)`` of an open ``SoundFile``: float32 samples, the channel mean."""
+    with f:
+        rate = int(f.samplerate)
+        try:
+            planes = f.read(dtype="float32", always_2d=True).T      # [channels, n]
+        except _SF_ERRORS as e:
+            raise MediaError(f"cannot decode audio: {e}") from e
+    return (planes.mean(axis=0) if planes.shape[0] > 1 else planes[0]), rate
+
+
+def _read_pyav(data: AudioSource) -> list[tuple[np.ndarray, int]]:
+    """``[(float32 mono [n], rate), ...]`` of the first audio stream decoded by PyAV, one entry per run
+    of one sample rate (a stream may change its rate). A single-rate stream that decodes to less than
+    one codec frame more than its header's duration is cut to that duration: the last frame's padding
+    (AAC in MP4: FFmpeg removes the encoder's priming by the edit list, not the tail)."""
     import av
 
-    target = 16000 if options is None else options.sample_rate
-    out: list[np.ndarray] = []
-    pending: list[np.ndarray] = []
-    rate = resampler = None
-
-    def feed(final: bool) -> None:      # resample the gathered mono samples; flush at the end
-        if pending:
-            frame = av.AudioFrame.from_ndarray(np.concatenate(pending)[None, :], format="flt", layout="mono")
-            frame.sample_rate = rate
-            pending.clear()
-            out.extend(o.to_ndarray()[0] for o in resampler.resample(frame))
-        if final and resampler is not None:
-            out.extend(o.to_ndarray()[0] for o in resampler.resample(None))
-
+    runs: list[tuple[list[np.ndarray], int]] = []
     with _open_audio(data) as (container, stream):
+        header = (stream.duration * stream.time_base if stream.duration and stream.time_base else None)
+        frame_size = int(stream.codec_context.frame_size or 0)
         try:
-            gathered = 0
             for frame in container.decode(stream):
-                if frame.sample_rate != rate:       # first frame, or a mid-stream rate change
-                    feed(final=True)
-                    rate = frame.sample_rate
-                    resampler = av.AudioResampler(format="flt", layout="mono", rate=target)
-                pending.append(_to_mono(frame))
-                gathered += frame.samples
-                if gathered >= _CHUNK:
-                    feed(final=False)
-                    gathered = 0
-            feed(final=True)
+                if not runs or frame.sample_rate != runs[-1][1]:
+                    runs.append(([], frame.sample_rate))
+                runs[-1][0].append(_to_mono(frame))
         except av.FFmpegError as e:
             raise MediaError(f"cannot decode audio: {e}") from e
+    out = [(np.concatenate(parts), rate) for parts, rate in runs]
+    if len(out) == 1 and header is not None:
+        wave, rate = out[0]
+        keep = int(round(header * rate))
+        if 0 < wave.shape[0] - keep < frame_size:
+            out = [(wave[:keep], rate)]
+    return out
+
+
+def decode_audio(data: AudioSource, options=None) -> np.ndarray:
+    """Decode the first audio stream to float32 ``[n]`` mono at ``options.sample_rate`` (an
+    ``AudioOptions``; None: 16 kHz), as the processor's ``load_audio`` (module docs): libsndfile where
+    it reads the data, else PyAV (any container, e.g. an MP4 with video); the channel mean; then
+    :func:`resample`. Raises :class:`MediaError` for unreadable data or when nothing decodes."""
+    target = 16000 if options is None else options.sample_rate
+    f = _soundfile(data)
+    runs = [_read_soundfile(f)] if f is not None else _read_pyav(data)
+    out = [resample(wave, rate, target) for wave, rate in runs if wave.size]
     if not out:
         raise MediaError("audio decodes to zero samples")
-    return np.concatenate(out).astype(np.float32, copy=False)
+    return out[0] if len(out) == 1 else np.concatenate(out)
