@@ -33,6 +33,17 @@ def test_presets_set_the_layout_their_model_needs():
     assert options(preset="nemotron_nano_vl").image["max_tiles"] == 12
 
 
+def test_the_temporal_preset_chooses_frames_as_bridges_collate_unless_told_otherwise():
+    from energon_nemotron.media.video import VideoOptions
+
+    t = options(preset="nemotron_omni_temporal")
+    assert t.video["sampling"] == "bridge"
+    resolved = VideoOptions(**t.video)
+    assert (resolved.fps, resolved.max_frames) == (1.0, None)                   # Bridge's own values
+    assert options(preset="nemotron_omni_temporal", video={"sampling": "hf"}).video["sampling"] == "hf"
+    assert "sampling" not in options(preset="nemotron_omni").video            # the served model's rule
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"preset": "nemotron_omni_temporal", "image": {"mode": "dynamic"}},
      r"image.mode = 'dynamic', but preset 'nemotron_omni_temporal' .* requires 'tiling'"),

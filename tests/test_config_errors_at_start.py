@@ -156,8 +156,8 @@ def test_prompt_format_tokenizer_without_a_chat_template_names_the_folder(tmp_pa
 # -- (b) media options ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind, values, message", [
-    ("video", {"fps": "2"}, r"video\.fps: expected a number, got '2' \(a string\)"),
-    ("video", {"fps": [2]}, r"video\.fps: expected a number, got \[2\] \(a list\)"),
+    ("video", {"fps": "2"}, r"video\.fps: expected a number or null, got '2' \(a string\)"),
+    ("video", {"fps": [2]}, r"video\.fps: expected a number or null, got \[2\] \(a list\)"),
     ("video", {"fps": float("nan")}, r"video\.fps: expected a finite number, got nan"),
     ("video", {"max_frames": -3}, r"video\.max_frames: must be > 0, got -3"),
     ("video", {"num_frames": 2.5}, r"video\.num_frames: expected an integer or null, got 2\.5 \(a number\)"),
@@ -183,7 +183,7 @@ def test_b_wrongly_typed_media_options_name_the_field(tmp_path, kind, values, me
 
 
 def test_b_values_are_checked_not_coerced_and_an_int_is_a_float(tmp_path):
-    with pytest.raises(ConfigError, match=r"^task_encoder\.options\.video\.fps: expected a number, got '2'"):
+    with pytest.raises(ConfigError, match=r"^task_encoder\.options\.video\.fps: expected a number or null, got '2'"):
         build_task_encoder(config(tmp_path, video={"fps": "2", "min_frames": 2, "max_frames": 4}))
     encoder = build_task_encoder(config(tmp_path, video={"fps": 2, "min_frames": 2, "max_frames": 4},
                                         audio={"tolerance_seconds": 0, "subsampling_layers": 0, "clip_seconds": 10}))
@@ -474,7 +474,7 @@ def test_preview_prints_config_errors_in_one_line(tmp_path, mm, capfd):
     _truncate_json(bad_tok)
     cases = [
         (config(mm, video={"fps": "2"}),
-         "error: task_encoder.options.video.fps: expected a number, got '2' (a string)"),
+         "error: task_encoder.options.video.fps: expected a number or null, got '2' (a string)"),
         (config(mm, tokenizer=bad_tok), f"error: tokenizer {bad_tok}: tokenizer.json is not valid JSON"),
         (config(tmp_path / "nope"), f"error: data.train.path: '{tmp_path / 'nope'}' does not exist"),
     ]

@@ -123,9 +123,34 @@ def test_bridge_plan_equals_bridge_sampler(videos, name, fps):
     assert plan.intro
 
 
+@pytest.mark.parametrize("name", list(VIDEOS))
+def test_bridge_sampling_alone_takes_bridges_own_values(videos, name):
+    """``sampling: bridge`` with ``fps`` and ``max_frames`` unset is Bridge's collate as it ships: its
+    ``video_fps`` 1.0 and ``nframe_max`` -1 (no cap), not the Omni defaults of 2 fps and 32 frames."""
+    path = videos[name]
+    options = VideoOptions(sampling="bridge")
+    assert (options.fps, options.max_frames) == (1.0, None)
+    plan = plan_video(video_metadata(path.read_bytes()), options)
+    frames, metadata = bridge_sample_video(str(path), fps=1)
+    assert plan.frame_indices == tuple(read_frame_index(f) for f in frames)
+    sampled_fps = float(metadata.fps or 1)
+    assert [f"{t:.2f}" for t in plan.frame_times] == [f"{k / sampled_fps:.2f}" for k in range(len(frames))]
+
+
+def test_sampling_defaults_and_overrides():
+    assert (VideoOptions().fps, VideoOptions().max_frames) == (2.0, 32)
+    assert (VideoOptions(sampling="midpoints").fps, VideoOptions(sampling="midpoints").max_frames) == (2.0, 32)
+    assert (VideoOptions(sampling="bridge", fps=2.0, max_frames=16).fps,
+            VideoOptions(sampling="bridge", fps=2.0, max_frames=16).max_frames) == (2.0, 16)
+    assert VideoOptions(sampling="bridge", max_frames=4, min_frames=8).max_frames == 4   # no lower bound
+    with pytest.raises(ConfigError, match="min_frames <= max_frames"):
+        VideoOptions(max_frames=4, min_frames=8)
+
+
 def test_bridge_cap_and_fixed_count():
     meta = {"width": 320, "height": 240, "duration": 40.0, "fps": 60.0, "num_frames": 2400}
-    assert plan_video(meta, VideoOptions(sampling="bridge", fps=1)).num_frames == 32          # max_frames cap
+    assert plan_video(meta, VideoOptions(sampling="bridge")).num_frames == 40                 # Bridge: no cap
+    assert plan_video(meta, VideoOptions(sampling="bridge", max_frames=32)).num_frames == 32  # max_frames cap
     assert plan_video(meta, VideoOptions(sampling="bridge", num_frames=5)).frame_indices == bridge_indices(2400, 5)
     assert bridge_indices(3, 5) == (0, 1, 2) and bridge_indices(100, 1) == (0,)
 

@@ -14,7 +14,8 @@ Frame choice and labels (``VideoOptions.sampling``, :mod:`energon_nemotron.media
 The frame count: ``hf`` and ``midpoints`` take ``num_frames`` when set, else ``int(fps * duration)``
 (``hf``: ``int(total / fps_src * fps)``, the processor's own expression), clamped to
 ``[min_frames, max_frames]`` and to the frame count; ``bridge`` follows Bridge (``int(fps)``, no
-lower bound) up to ``max_frames``.
+lower bound) up to ``max_frames``. Unset ``fps`` / ``max_frames`` take the sampling's values
+(``hf``, ``midpoints``: 2 fps, 32 frames; ``bridge``: Bridge's collate, 1 fps and no cap).
 
 Rotation: the display matrix (MP4/MOV ``tkhd``) is applied to decoded frames as players apply it;
 the plan's ``width``/``height`` are the upright size. Every decoded frame must have the planned size
@@ -47,19 +48,26 @@ __all__ = ["VideoOptions", "VideoPlan", "video_metadata", "plan_video", "frame_t
            "process_video", "process_video_frames"]
 
 SAMPLINGS = ("hf", "bridge", "midpoints")
+#: ``(fps, max_frames)`` each sampling takes where the options leave them unset (None): the Omni
+#: configuration for ``hf`` and ``midpoints``; Megatron-Bridge's own collate for ``bridge`` (its
+#: ``video_fps`` 1.0 and ``nframe_max`` -1: no cap)
+SAMPLING_DEFAULTS = {"hf": (2.0, 32), "midpoints": (2.0, 32), "bridge": (1.0, None)}
 
 
 @dataclass(frozen=True)
 class VideoOptions:
     """Frame sampling and size (defaults: the Omni configuration). ``sampling`` picks the rule (module
     docs); ``fps`` the target rate, ``num_frames`` a fixed count instead; ``min_frames``/``max_frames``
-    bound the count; frames of ~``target_patches`` patches of ``patch_size`` px (square unless
-    ``maintain_aspect_ratio``), ``downsample**2`` patches per LLM token, ``temporal_patch`` frames per
-    tubelet; longer than ``max_duration`` s or frames over ``max_pixels`` -> ``MediaError``."""
+    bound the count (``bridge``: ``max_frames`` only); frames of ~``target_patches`` patches of
+    ``patch_size`` px (square unless ``maintain_aspect_ratio``), ``downsample**2`` patches per LLM
+    token, ``temporal_patch`` frames per tubelet; longer than ``max_duration`` s or frames over
+    ``max_pixels`` -> ``MediaError``. ``fps`` and ``max_frames`` left unset (None) take the sampling's
+    own values (:data:`SAMPLING_DEFAULTS`: ``hf`` 2 fps, at most 32 frames; ``bridge`` Bridge's 1 fps,
+    no cap); the resolved values are the fields' values after construction."""
 
-    fps: float = 2.0
+    fps: Optional[float] = None
     min_frames: int = 8
-    max_frames: int = 32
+    max_frames: Optional[int] = None
     num_frames: Optional[int] = None
     sampling: Literal["hf", "bridge", "midpoints"] = "hf"
     resize: Literal["hf", "pil"] = "hf"
@@ -73,9 +81,19 @@ class VideoOptions:
     backend: Literal["pyav", "decord"] = "pyav"
 
     def __post_init__(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise ConfigError(f"video sampling must be one of {', '.join(SAMPLINGS)}, got {self.sampling!r}")
+        fps, max_frames = SAMPLING_DEFAULTS[self.sampling]
+        if self.fps is None:
+            object.__setattr__(self, "fps", fps)
+        if self.max_frames is None:
+            object.__setattr__(self, "max_frames", max_frames)
         if not self.fps > 0 or not self.max_duration > 0:
             raise ConfigError(f"video fps and max_duration must be > 0, got {self.fps}, {self.max_duration}")
-        if not 1 <= self.min_frames <= self.max_frames:
+        if self.sampling == "bridge":
+            if self.min_frames < 1 or (self.max_frames is not None and self.max_frames < 1):
+                raise ConfigError(f"need min_frames >= 1 and max_frames >= 1, got {self.min_frames}, {self.max_frames}")
+        elif not 1 <= self.min_frames <= self.max_frames:
             raise ConfigError(f"need 1 <= min_frames <= max_frames, got {self.min_frames}, {self.max_frames}")
         if self.num_frames is not None and not (isinstance(self.num_frames, int) and self.num_frames >= 1):
             raise ConfigError(f"video num_frames must be a positive int or null, got {self.num_frames!r}")
@@ -85,8 +103,6 @@ class VideoOptions:
             raise ConfigError(f"target_patches must be >= downsample**2, got {self.target_patches}")
         if self.backend not in ("pyav", "decord"):
             raise ConfigError(f"video backend must be 'pyav' or 'decord', got {self.backend!r}")
-        if self.sampling not in SAMPLINGS:
-            raise ConfigError(f"video sampling must be one of {', '.join(SAMPLINGS)}, got {self.sampling!r}")
         if self.resize not in ("hf", "pil"):
             raise ConfigError(f"video resize must be 'hf' or 'pil', got {self.resize!r}")
         if self.sampling == "bridge" and self.num_frames is None and int(self.fps) < 1:
