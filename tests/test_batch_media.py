@@ -31,7 +31,8 @@ def two_rows() -> PackedBatch:
     media = BatchMedia(pixel_values=PackedTensor.from_list([torch.zeros(4, 12), torch.ones(2, 12)]),
                        image_sizes=PackedTensor.from_list([torch.tensor([[2, 2]], dtype=torch.int32),
                                                            torch.tensor([[1, 2]], dtype=torch.int32)]),
-                       num_frames=torch.tensor([1, 1], dtype=torch.int32), patch_size=2,
+                       num_frames=torch.tensor([1, 1], dtype=torch.int32),
+                       num_units=torch.tensor([1, 1], dtype=torch.int32), patch_size=2,
                        sound_features=PackedTensor.from_list([torch.zeros(1, 5, 4)]),
                        sound_lengths=PackedTensor.from_list([torch.tensor([5])]))
     bounds = [torch.tensor([0, 16], dtype=torch.int32) for _ in range(2)]
@@ -62,9 +63,9 @@ def test_as_dict_is_the_preview_view_in_its_order():
 
 def test_batch_media_reads_like_the_dict_it_replaced():
     media = two_rows().media
-    assert list(media) == media.keys() == ["pixel_values", "image_sizes", "num_frames", "sound_features",
-                                           "sound_lengths"]
-    assert media["pixel_values"] is media.pixel_values and "patch_size" not in media and len(media) == 5
+    assert list(media) == media.keys() == ["pixel_values", "image_sizes", "num_frames", "num_units",
+                                           "sound_features", "sound_lengths"]
+    assert media["pixel_values"] is media.pixel_values and "patch_size" not in media and len(media) == 6
     assert not BatchMedia() and "pixel_values" not in BatchMedia() and BatchMedia().get("pixel_values") is None
     with pytest.raises(KeyError):
         BatchMedia()["pixel_values"]
@@ -98,6 +99,8 @@ def _with_span(row: int, k: int, **changes):
     (lambda: _with_media(sound_features=None, sound_lengths=None), r"^row 1, audio of b: no audio item 0"),
     (lambda: _with_media(patch_size=4), r"pixel_values rows are \[12\], patches of 4 px"),
     (lambda: _with_media(num_frames=torch.tensor([1, 2], dtype=torch.int32)), r"^row 1, image of b: .*num_frames"),
+    (lambda: _with_media(num_units=torch.tensor([1, 2], dtype=torch.int32)), r"^row 1, image of b: .*num_units"),
+    (lambda: _with_media(num_units=None), r"^row 0, image of a: no visual item 0 in media.num_units"),
     (lambda: _with_span(1, 1, grid=(2, 1)), r"^row 1, image of b: image_sizes \[\[1, 2\]\] are not its grid"),
     (lambda: _with_span(0, 0, runs=((2, 4),), num_tokens=4), r"^row 0, image of a: run \(2, 4\) is not inside"),
     (lambda: _with_span(0, 0, token_start=3), r"^row 0, image of a: positions 4..6 are not one run"),

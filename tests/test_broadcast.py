@@ -40,7 +40,8 @@ def text_batch() -> PackedBatch:
                                 placeholder_len=4, runs=((1, 3),), grid=(2, 3))], []],
         media=BatchMedia(pixel_values=PackedTensor.from_list([torch.arange(72, dtype=torch.float32).reshape(6, 12)]),
                          image_sizes=PackedTensor.from_list([torch.tensor([[2, 3]], dtype=torch.int32)]),
-                         num_frames=torch.tensor([1], dtype=torch.int32), patch_size=2))
+                         num_frames=torch.tensor([1], dtype=torch.int32),
+                         num_units=torch.tensor([1], dtype=torch.int32), patch_size=2))
     batch.__restore_key__ = ("Encoded", ("Webdataset", "shard-0.tar", 3), ("Webdataset", "shard-1.tar", 7), 1.5)
     if hasattr(batch, "mtp_num_layers"):  # a field added later travels too (the header lists every field)
         batch.mtp_num_layers = 2

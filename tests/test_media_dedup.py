@@ -179,7 +179,7 @@ def test_broadcast_sends_distinct_bytes_once(shared_media, tmp_path):
     sender, receiver = (json.loads((tmp_path / f"stats.{r}.json").read_text()) for r in (0, 1))
     assert sender == receiver                                    # what one sent, the other received
     tensors = [batch.tokens, batch.labels, batch.loss_mask, batch.position_ids, batch.padding_mask, *batch.cu_seqlens,
-               *batch.cu_seqlens_padded, batch.media["num_frames"]]
+               *batch.cu_seqlens_padded, batch.media["num_frames"], batch.media["num_units"]]
     distinct = sum(t.numel() * t.element_size() for t in tensors)
     distinct += sum(v.physical_nbytes for v in batch.media.values() if isinstance(v, PackedTensor))
     header = len(json.dumps(_plan(batch, 1 << 16)[0], separators=(",", ":")).encode())

@@ -85,8 +85,9 @@ def _check_counts(label: str, spans: list[tuple[int, MediaSpan]], media: BatchMe
 
 
 def _check_visual(visual: list[tuple[int, MediaSpan]], media: BatchMedia) -> None:
-    """Each visual item against its span: units (``num_frames``, ``image_sizes``), their grid, the
-    tiles of an image or frames of a video, its patch rows; ``patch_size`` against the rows' width."""
+    """Each visual item against its span: units (``num_units``, ``image_sizes``), their grid, the
+    tiles of an image or frames of a video (``num_frames``: the span's frames; an image's units), its
+    patch rows; ``patch_size`` against the rows' width."""
     p = media.patch_size
     if not isinstance(p, int) or isinstance(p, bool) or p < 1:
         raise ValueError(f"media.patch_size must be a positive int with visual items, got {p!r}")
@@ -94,12 +95,16 @@ def _check_visual(visual: list[tuple[int, MediaSpan]], media: BatchMedia) -> Non
         raise ValueError(f"media.pixel_values rows are {list(media.pixel_values.feature_shape)}, "
                          f"patches of {p} px are [{3 * p * p}]")
     units_of, rows_of = media.image_sizes.lengths().tolist(), media.pixel_values.lengths().tolist()
-    frames_of = media.num_frames.reshape(-1).tolist()
+    frames_of, counted = media.num_frames.reshape(-1).tolist(), media.num_units.reshape(-1).tolist()
     for k, (r, span) in enumerate(visual):
         units, (gh, gw) = units_of[k], span.grid
         grids = media.image_sizes[k].tolist()
-        if frames_of[k] != units:
-            raise _span_error(r, span, f"media.num_frames says {frames_of[k]} units, image_sizes holds {units}")
+        if counted[k] != units:
+            raise _span_error(r, span, f"media.num_units says {counted[k]} units, image_sizes holds {units}")
+        frames = span.frames if span.kind == "video" else units
+        if frames_of[k] != frames:
+            raise _span_error(r, span, f"media.num_frames says {frames_of[k]}, its {span.kind} has {frames} "
+                                       f"{'frames' if span.kind == 'video' else 'units'}")
         if any(g != [gh, gw] for g in grids):
             raise _span_error(r, span, f"image_sizes {grids} are not its grid {[gh, gw]}")
         if span.kind == "image" and units != (span.tiles or 1):
@@ -128,7 +133,7 @@ def check_media(batch: Any) -> None:
     spans = [(r, s) for r, row in enumerate(batch.media_spans) for s in row]
     visual = [(r, s) for r, s in spans if not s.is_audio]
     audio = [(r, s) for r, s in spans if s.is_audio]
-    _check_counts("visual", visual, batch.media, ("pixel_values", "image_sizes", "num_frames"))
+    _check_counts("visual", visual, batch.media, ("pixel_values", "image_sizes", "num_frames", "num_units"))
     _check_counts("audio", audio, batch.media, ("sound_features", "sound_lengths"))
     if visual:
         _check_visual(visual, batch.media)

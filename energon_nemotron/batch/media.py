@@ -82,13 +82,13 @@ class MediaSpan:
 
 
 #: the tensor fields of ``BatchMedia`` (what its dict-style view holds), in order
-_MEDIA_TENSORS = ("pixel_values", "image_sizes", "num_frames", "sound_features", "sound_lengths")
+_MEDIA_TENSORS = ("pixel_values", "image_sizes", "num_frames", "num_units", "sound_features", "sound_lengths")
 
 
 @dataclass(frozen=True, eq=False)
 class BatchMedia:
     """The processed media items of a batch, every row's: row after row, each row's items in the
-    order of its ``media_spans``. Visual items (image and video spans) are in the first four fields,
+    order of its ``media_spans``. Visual items (image and video spans) are in the first five fields,
     audio items in the last two; the fields of a kind the batch lacks are None. Energon path only.
 
     - ``pixel_values``: ``PackedTensor``, per visual item float32 [P_i, 3·p·p] (p = ``patch_size``;
@@ -96,7 +96,10 @@ class BatchMedia:
       used twice or a video's repeated frames are stored once).
     - ``image_sizes``: ``PackedTensor``, per visual item int32 [units_i, 2]: the (grid_h, grid_w)
       patch grid of each image, tile or frame.
-    - ``num_frames``: int32 [N_visual]: units per visual item.
+    - ``num_frames``: int32 [N_visual]: a video's frames as the Omni processor counts them (the
+      sampled frames, without the tubelet padding); an image's units (1, or its tiles).
+    - ``num_units``: int32 [N_visual]: units per visual item, the rows of its ``image_sizes``: a
+      video's frames padded to whole tubelets (the last frame repeated), an image's tiles.
     - ``patch_size``: p, pixels per patch side of ``pixel_values`` (as the media options set it).
     - ``sound_features``: ``PackedTensor``, per audio item float32 [clips_i, F, mel] (F: the
       batch's longest clip, shorter ones zero-padded; deduplicated).
@@ -112,6 +115,7 @@ class BatchMedia:
     pixel_values: Optional[PackedTensor] = None
     image_sizes: Optional[PackedTensor] = None
     num_frames: Optional[torch.Tensor] = None
+    num_units: Optional[torch.Tensor] = None
     patch_size: Optional[int] = None
     sound_features: Optional[PackedTensor] = None
     sound_lengths: Optional[PackedTensor] = None

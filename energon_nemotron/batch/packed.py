@@ -162,7 +162,7 @@ class PackedBatch:
 
     def media_items(self, row: int) -> list[tuple[MediaSpan, int]]:
         """Row ``row``'s spans in stored (placeholder) order, each with the index of its item in
-        ``media``: in the visual fields (``pixel_values``, ``image_sizes``, ``num_frames``) for an
+        ``media``: in the visual fields (``pixel_values``, ``image_sizes``, ``num_frames``, ``num_units``) for an
         image or video, in the audio fields (``sound_features``, ``sound_lengths``) for audio.
         ``media`` lists every row's items row after row, each row's in its spans' order (what
         ``validate`` checks), so a row's items follow those of the rows before it."""

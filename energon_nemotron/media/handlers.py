@@ -305,4 +305,5 @@ class MediaHandlers:
         if pixels.shape[0] != plan.num_patches:
             raise MediaError(f"{planned.modality} decoded into {pixels.shape[0]} patches, {plan.num_patches} planned")
         sizes = torch.tensor([[plan.grid_h, plan.grid_w]] * units, dtype=torch.int32)
-        return {"pixels": pixels, "sizes": sizes, "keys": keys}
+        frames = plan.num_frames if planned.modality == "video" else units     # the processor's count
+        return {"pixels": pixels, "sizes": sizes, "keys": keys, "frames": frames}

@@ -125,7 +125,9 @@ def _patch_size(visual: Sequence[dict]) -> Optional[int]:
 def batch_media(rows: Sequence[PackedRow]) -> BatchMedia:
     """``PackedBatch.media`` (:class:`~energon_nemotron.batch.BatchMedia`): ``pixel_values``
     (PackedTensor, per visual item [P_i, 3·p·p] float32), ``image_sizes`` (PackedTensor, per item
-    int32 [units_i, 2] patch grids), ``num_frames`` (int32 [N_visual]: units per item),
+    int32 [units_i, 2] patch grids), ``num_frames`` (int32 [N_visual]: a video's frames as the
+    processor counts them, an image's units), ``num_units`` (int32 [N_visual]: units per item, a
+    video's frames padded to whole tubelets),
     ``patch_size`` (p), ``sound_features`` (PackedTensor, per audio [clips_i, F, mel], F the
     longest clip of the batch: shorter clips zero-padded) and ``sound_lengths`` (PackedTensor, per
     audio int64 [clips_i]: mel frames ``1 + L // hop``); only the kinds present.
@@ -143,7 +145,8 @@ def batch_media(rows: Sequence[PackedRow]) -> BatchMedia:
         segments = [_keyed_segments(v["pixels"], v.get("keys")) for v in visual]
         media["pixel_values"] = from_keyed([s for s, _ in segments], [k for _, k in segments], shared=shared)
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
-        media["num_frames"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
+        media["num_frames"] = torch.tensor([v.get("frames", v["sizes"].shape[0]) for v in visual], dtype=torch.int32)
+        media["num_units"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
         media["patch_size"] = _patch_size(visual)
     if audio:
         frames = max(a["features"].shape[1] for a in audio)
