@@ -1,117 +1,111 @@
-"""Seconds per audio item of the Nemotron Omni audio path (``energon_nemotron.media.audio``) against a
-decode-only floor.
+"""Audio per second of the Nemotron Omni audio path (``energon_nemotron.media.audio``) against the
+official Nemotron Omni processor on the same files, in the same run.
 
-Items (synthetic, ``energon_nemotron.demo.media.make_audio``): a 20 s stereo 44.1 kHz WAV and a 10 s
-stereo 44.1 kHz MP3. Ours per item: ``audio_metadata`` + ``plan_audio`` + ``process_audio`` (decode,
-channel mean, resample to 16 kHz, clip split, Parakeet log-mel features). The floor, written here:
-``av.open`` with FFmpeg's defaults, decode the first audio stream, ``av.AudioResampler(flt, mono,
-16000)`` with its flush, concatenate. ``ratio`` = ours / floor summed over the items (median of
-interleaved rounds), goal 1.25, lower is better. The floor does no features, so the script also reports
-``ratio_excluding_features`` (metadata + plan + ``decode_audio`` / floor) and ``features_share`` (the
-part of ours spent in the feature extractor and the clip assembly). One core.
+Files (synthetic, ``energon_nemotron.demo.media.make_audio``, PCM WAV): 12 recordings of 10-30 s at
+16, 22.05, 44.1 and 48 kHz, mono and stereo, 264 s in all (``--quick``: the first four, 98 s). Ours,
+per file: ``audio_metadata(path)`` + ``plan_audio`` + ``process_audio`` (decode, channel mean,
+``soxr_hq`` to 16 kHz, Parakeet log-mel features). Theirs: what the processor does with an audio path
+(``load_audio(path, 16000)`` then ``_process_audio``: the same features and the token count), run by
+``_hf_audio_worker.py`` in ``.venv-ref`` (``make references`` builds it), alternating with ours round
+by round. Both one thread. ``ratio`` = the processor's seconds ÷ ours (median over rounds of each
+round's total; goal >= 1.0, higher is better). The features are checked bit for bit against the
+processor's, and the token counts equal, before timing.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import json
+import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import _common as C
 
-GOAL = 1.25
-
-
-def floor_decode(data: bytes):
-    """PyAV decode + resample to 16 kHz mono float32, nothing else."""
-    import av
-    import numpy as np
-
-    out = []
-    with av.open(io.BytesIO(data)) as container:
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
-        for frame in container.decode(audio=0):
-            out.extend(o.to_ndarray()[0] for o in resampler.resample(frame))
-        out.extend(o.to_ndarray()[0] for o in resampler.resample(None))
-    return np.concatenate(out)
-
-
-def floor_decode_small_probe(data: bytes):
-    """The floor with the 32 KiB probe the package uses (shows what the probe size alone is worth)."""
-    import av
-    import numpy as np
-
-    out = []
-    with av.open(io.BytesIO(data), options={"probesize": "32768"}) as container:
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
-        for frame in container.decode(audio=0):
-            out.extend(o.to_ndarray()[0] for o in resampler.resample(frame))
-        out.extend(o.to_ndarray()[0] for o in resampler.resample(None))
-    return np.concatenate(out)
+GOAL = 1.0
+REF_PYTHON = C.BENCH_DIR.parent / ".venv-ref" / "bin" / "python"
+TOKENIZER = C.BENCH_DIR.parent / "energon_nemotron" / "demo" / "tokenizer"
+#: (sample rate, channels, seconds) of the files
+FILES = [(16000, 1, 30), (44100, 2, 28), (48000, 1, 25), (22050, 2, 20), (16000, 1, 15), (44100, 1, 30),
+         (48000, 2, 24), (16000, 2, 12), (22050, 1, 30), (44100, 2, 18), (16000, 1, 10), (48000, 1, 22)]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer rounds")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds")
+    ap.add_argument("--quick", action="store_true", help="four files, 3 rounds")
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3 quick, 9 full)")
     args = ap.parse_args(argv)
-    rounds = args.rounds or (5 if args.quick else 15)
+    rounds = args.rounds or (3 if args.quick else 9)
+    if not REF_PYTHON.exists():
+        print(f"the reference environment is missing ({REF_PYTHON}); run `make references`", file=sys.stderr)
+        return 1
 
     C.limit_threads()
+    import numpy as np
+
     from energon_nemotron.demo.media import make_audio
-    from energon_nemotron.media.audio import audio_metadata, decode_audio, plan_audio, process_audio
+    from energon_nemotron.media.audio import audio_metadata, plan_audio, process_audio
 
-    items = {"wav_20s_44k_stereo": make_audio(20.0, 44100, 2, 0, "wav"),
-             "mp3_10s_44k_stereo": make_audio(10.0, 44100, 2, 1, "mp3")}
+    specs = FILES[:4] if args.quick else FILES
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        paths = []
+        for i, (rate, channels, seconds) in enumerate(specs):
+            paths.append(folder / f"a{i:02d}_{rate}_{channels}ch_{seconds}s.wav")
+            paths[-1].write_bytes(make_audio(float(seconds), rate, channels, i, "wav"))
+        worker = subprocess.Popen([str(REF_PYTHON), str(C.BENCH_DIR / "_hf_audio_worker.py"), str(folder),
+                                   str(TOKENIZER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
-    def ours(data):
-        plan = plan_audio(audio_metadata(data))
-        return process_audio(data, plan)
+        def ask(cmd: str) -> str:
+            worker.stdin.write(cmd + "\n")
+            worker.stdin.flush()
+            return worker.stdout.readline()
 
-    def ours_no_features(data):
-        plan = plan_audio(audio_metadata(data))
-        return plan, decode_audio(data)
+        assert worker.stdout.readline().strip() == "ready"
 
-    fns = {"ours": ours, "no_features": ours_no_features, "floor": floor_decode,
-           "floor_small_probe": floor_decode_small_probe}
-    for data in items.values():                 # warm up (imports, the cached extractor) and check
-        features, lengths = ours(data)
-        plan, wave = ours_no_features(data)
-        ref = floor_decode(data)
-        assert abs(wave.shape[0] - ref.shape[0]) <= 0.05 * 16000 and lengths.tolist() == list(plan.frames)
-        assert features.shape == (plan.num_clips, plan.frames_per_clip, 128)
-    secs = {(k, f): [] for k in items for f in fns}
-    for _ in range(rounds):
-        for k, data in items.items():
-            for f, fn in fns.items():
-                secs[(k, f)] += C.bench_timer(lambda: fn(data), 1)
-    med = {key: C.median(v) for key, v in secs.items()}
-    total = {f: sum(med[(k, f)] for k in items) for f in fns}
+        def ours(path):
+            plan = plan_audio(audio_metadata(path))
+            return plan, process_audio(path, plan)
 
-    print(f"{len(items)} audio items, median of {rounds} interleaved rounds, one core (ms)")
-    print(f"{'item':<22}" + "".join(f"{f:>19}" for f in fns))
-    for k in items:
-        print(f"{k:<22}" + "".join(f"{med[(k, f)] * 1e3:>19.2f}" for f in fns))
-    print(f"{'total':<22}" + "".join(f"{total[f] * 1e3:>19.2f}" for f in fns))
+        saved = folder / "hf"
+        saved.mkdir()
+        assert ask(f"save {saved}").strip() == "saved"
+        for path in paths:                                    # warm-up and the bit-for-bit check
+            plan, (features, lengths) = ours(path)
+            theirs = np.load(saved / f"{path.stem}.npy")
+            assert np.array_equal(features[0].numpy(), theirs), f"{path.name}: features differ from the processor's"
+            assert plan.tokens == (int((saved / f"{path.stem}.tokens").read_text()),), path.name
+        per = {(p.name, side): [] for p in paths for side in ("ours", "hf")}
+        totals = {"ours": [], "hf": []}
+        for r in range(rounds):
+            for side in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
+                if side == "hf":
+                    seconds = json.loads(ask("round"))
+                else:
+                    seconds = [C.bench_timer(lambda: ours(p), 1)[0] for p in paths]
+                for p, t in zip(paths, seconds):
+                    per[p.name, side].append(t)
+                totals[side].append(sum(seconds))
+        ask("quit")
+        worker.wait(timeout=60)
 
-    result = {
-        "name": "audio_path",
-        "ratio": round(total["ours"] / total["floor"], 4),
-        "goal": GOAL,
-        "better": "lower",
-        "ratio_excluding_features": round(total["no_features"] / total["floor"], 4),
-        "features_share": round(1 - total["no_features"] / total["ours"], 4),
-        "ours_ms": round(total["ours"] * 1e3, 3),
-        "ours_no_features_ms": round(total["no_features"] * 1e3, 3),
-        "floor_ms": round(total["floor"] * 1e3, 3),
-        "floor_small_probe_ms": round(total["floor_small_probe"] * 1e3, 3),
-        "ratio_vs_small_probe_floor": round(total["ours"] / total["floor_small_probe"], 4),
-        "audio_seconds": 30.0,
-        "quick": bool(args.quick),
-    }
-    for k in items:
-        result[f"{k}_ratio"] = round(med[(k, "ours")] / med[(k, "floor")], 4)
-    C.emit(result)
+    audio_s = sum(s for _, _, s in specs)
+    ours_s, hf_s = C.median(totals["ours"]), C.median(totals["hf"])
+    print(f"{len(paths)} WAV files, {audio_s} s of audio, {rounds} rounds, one core; features bit for bit equal")
+    print(f"{'file':<28}{'ours ms':>10}{'hf ms':>10}{'speed-up':>10}")
+    extra = {}
+    for p in paths:
+        o, h = C.median(per[p.name, "ours"]) * 1e3, C.median(per[p.name, "hf"]) * 1e3
+        print(f"{p.stem:<28}{o:>10.2f}{h:>10.2f}{h / o:>10.2f}")
+        extra[f"ours_ms_{p.stem}"], extra[f"hf_ms_{p.stem}"] = round(o, 3), round(h, 3)
+    print(f"{'total':<28}{ours_s * 1e3:>10.2f}{hf_s * 1e3:>10.2f}{hf_s / ours_s:>10.2f}")
+    C.emit({"name": "audio_path", "ratio": round(hf_s / ours_s, 4), "goal": GOAL, "better": "higher",
+            "ours_s": round(ours_s, 4), "hf_s": round(hf_s, 4), "audio_seconds": audio_s,
+            "ours_audio_s_per_s": round(audio_s / ours_s, 1), "hf_audio_s_per_s": round(audio_s / hf_s, 1),
+            **extra, "bit_exact": True, "files": len(paths), "rounds": rounds, "quick": bool(args.quick)})
     return 0
 
 

@@ -289,6 +289,20 @@ def test_decode_compressed(container, rate):
     assert 0.05 < np.abs(out).max() < 1.0
 
 
+@pytest.mark.parametrize("channels", range(1, 10))
+def test_channel_mean_is_numpys_mean_bit_for_bit(channels):
+    """The processor's down-mix is ``frames.T.mean(axis=0)`` on float32; the faster column sum gives
+    the same bits (numpy sums up to 7 rows in order; from 8 on its pairwise sum is used)."""
+    from energon_nemotron.media.audio_decode import channel_mean
+
+    rng = np.random.default_rng(channels)
+    frames = (rng.standard_normal((50021, channels)) * 0.3).astype(np.float32)
+    frames[::5] *= np.float32(1e-30)                        # subnormal-range values too
+    want = frames.T.mean(axis=0) if channels > 1 else frames[:, 0]
+    got = channel_mean(frames)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("width, channels", [(1, 1), (1, 3), (2, 1), (4, 1), (4, 2)])
 def test_decode_16k_is_the_channel_mean_up_to_pcm_rounding(width, channels):
     x = np.stack([tone(440.0 * (c + 1), 0.5, SR, amp=0.5 / (c + 1)) for c in range(channels)])
