@@ -3,7 +3,8 @@
 Plan (pre-encode, headers only): :func:`audio_metadata` + :func:`plan_audio` give the sample count,
 the clips (``AudioOptions.long_audio``) and the tokens per clip. Process (post-encode):
 :func:`process_audio` decodes (:func:`decode_audio`, in :mod:`~energon_nemotron.media.audio_decode`:
-as the processor's ``load_audio``), forces the planned length, splits into the clips and runs ``transformers.ParakeetFeatureExtractor`` (per-clip, per-feature normalised log-mel).
+as the processor's ``load_audio``), forces the planned length, splits into the clips and runs
+``transformers.ParakeetFeatureExtractor`` (per-clip, per-feature normalised log-mel).
 
 Token rule, as the Omni processor (``_estimate_audio_num_embeddings``), the transformers model
 (``get_audio_features``: ``subsample(mask.sum() + 1)``) and Megatron-Bridge (``sound_length =
@@ -34,8 +35,8 @@ import torch
 from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.media.audio_decode import AudioSource, audio_metadata, decode_audio
 
-__all__ = ["AudioOptions", "AudioPlan", "AudioSource", "audio_metadata", "audio_tokens", "decode_audio", "planned_samples",
-           "plan_audio", "process_audio"]
+__all__ = ["AudioOptions", "AudioPlan", "AudioSource", "audio_metadata", "audio_tokens", "decode_audio",
+           "planned_samples", "plan_audio", "process_audio"]
 _GROUP = 4                  # clips per feature-extractor call (bounds the STFT's memory)
 
 
@@ -88,10 +89,11 @@ class AudioPlan:
     ``num_samples`` (:func:`planned_samples`) is the length of the decoded waveform.
     ``clip_samples``: the samples of each clip (``long_audio``: ``clips`` — ``clip_length`` each, the
     remainder as the last clip, zero-padded to ``min_clip_length`` when it follows a full clip;
-    ``whole`` — one clip of all samples; ``truncate`` — one clip of at most ``clip_length``). ``frames``: the mel frames each clip
-    counts as, its ``sound_length`` (``options.sound_length``: ``stft`` ``1 + n // hop_length``, the
-    processor's, transformers' model's and Megatron-Bridge 0.6.2's; ``valid`` ``n // hop_length``, the
-    extractor's attention mask, which Bridge main's model counts); ``tokens``: their 8x subsampling.
+    ``whole`` — one clip of all samples; ``truncate`` — one clip of at most ``clip_length``).
+    ``frames``: the mel frames each clip counts as, its ``sound_length`` (``options.sound_length``:
+    ``stft`` ``1 + n // hop_length``, the processor's, transformers' model's and Megatron-Bridge
+    0.6.2's; ``valid`` ``n // hop_length``, the extractor's attention mask, which Bridge main's model
+    counts); ``tokens``: their 8x subsampling.
     ``frames_per_clip``: the frame axis ``F`` of the feature tensor (``1 + n // hop_length`` of the
     longest clip, the extractor's output either way).
     ``truncated``: samples dropped by ``truncate``.

@@ -19,8 +19,8 @@ grayscale, CMYK, ...). Integer data wider than 8 bits (``I;16*``, ``I``): where 
 8 bits (an 8-bit image stored in a 16-bit PNG) it is kept as it is, exactly as the processor keeps it;
 otherwise it is scaled to 8 bits by its real bit depth (``v >> (bits - 8)``, ``bits`` that of the
 largest value: 12-bit data ``v >> 4``, 16-bit ``v >> 8``), a deliberate difference: PIL's conversion,
-which the processor uses, clips such data at 255, which turns the image near-white. A GIF or other animated file gives its
-first frame.
+which the processor uses, clips such data at 255, which turns the image near-white. A GIF or other
+animated file gives its first frame.
 
 Resize (``ImageOptions.resize``): ``hf`` — float32 antialiased bicubic without clamping, as the
 processor's ``interpolate(..., mode="bicubic", antialias=True)`` (:mod:`energon_nemotron.media.resize`);
@@ -288,8 +288,10 @@ def _decode_rgb(im: Image.Image, orientation: int) -> Image.Image:
 
 def _planes(rgb) -> torch.Tensor:
     """uint8 ``[3, H, W]`` (contiguous planes) of an RGB PIL image or uint8 ``[H, W, 3]`` array: one
-    de-interleaving copy (``np.asarray`` only wraps a PIL image's pixel bytes)."""
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(rgb).transpose(2, 0, 1)))
+    de-interleaving copy (``np.asarray`` only wraps a PIL image's pixel bytes; where the transpose is
+    already contiguous, a 1-pixel-wide image, the read-only wrapper is copied too)."""
+    planes = np.ascontiguousarray(np.asarray(rgb).transpose(2, 0, 1))
+    return torch.from_numpy(planes if planes.flags.writeable else planes.copy())
 
 
 def _pil_patches(im: Image.Image, grid_h: int, grid_w: int, p: int, out: torch.Tensor) -> torch.Tensor:
@@ -315,8 +317,25 @@ def patch_grid(rgb, grid_h: int, grid_w: int, patch: int, resize: str = "hf",
     if resize == "pil":
         im = rgb if isinstance(rgb, Image.Image) else Image.fromarray(np.ascontiguousarray(rgb))
         return _pil_patches(im, grid_h, grid_w, patch, out)
+    if planes is None and _size_of(rgb) == (grid_w * patch, grid_h * patch):
+        return _at_size_patches(rgb, grid_h, grid_w, patch, out)
     planes = _planes(rgb) if planes is None else planes
     return resize_to_patches(planes, grid_h, grid_w, patch, out=out, scale=SCALE, shift=SHIFT)
+
+
+def _size_of(rgb) -> tuple[int, int]:
+    """``(width, height)`` of an RGB PIL image or a uint8 ``[H, W, 3]`` array."""
+    return rgb.size if isinstance(rgb, Image.Image) else (rgb.shape[1], rgb.shape[0])
+
+
+def _at_size_patches(rgb, grid_h: int, grid_w: int, p: int, out: torch.Tensor) -> torch.Tensor:
+    """``rgb`` already of the grid's size: its patches gathered from the interleaved pixels into
+    ``out`` (float32 ``[grid_h, grid_w, 3, p, p]``) in one converting copy, then normalised in place,
+    ``v * SCALE + SHIFT`` (within one float32 rounding of :func:`resize_to_patches`' fused write; the
+    uint8 copy first: a PIL image's pixel buffer is read-only); about 40 % faster than the general path."""
+    hwc = torch.from_numpy(np.array(rgb, dtype=np.uint8, copy=True))
+    out.copy_(hwc.view(grid_h, p, grid_w, p, 3).permute(0, 2, 4, 1, 3))
+    return out.mul_(SCALE.view(1, 1, 3, 1, 1)).add_(SHIFT.view(1, 1, 3, 1, 1))
 
 
 def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> torch.Tensor:
@@ -340,7 +359,8 @@ def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> to
         if size != (plan.width, plan.height):
             raise MediaError(f"image is {size[0]}x{size[1]} but the plan is for {plan.width}x{plan.height}")
         rgb = _decode_rgb(im, orientation)
-        planes = None if plan.resize == "pil" else _planes(rgb)
+        at_size = tiles == 1 and rgb.size == (gw * p, gh * p)
+        planes = None if plan.resize == "pil" or at_size else _planes(rgb)
         out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
         units = out.view(plan.num_units, gh, gw, 3, p, p)
         if tiles == 1:
