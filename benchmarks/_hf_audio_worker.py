@@ -5,16 +5,14 @@ in ``.venv-ref``), timed one round at a time on command.
 
 Per file, what the processor does with an audio path: ``transformers.audio_utils.load_audio(path,
 16000)`` (soundfile + soxr without torchcodec) and ``_process_audio`` (the Parakeet features and the
-token count). Prints ``ready``; then for every line ``round`` on stdin processes each file once and
-prints a JSON list of seconds per file; ``save OUT`` writes every file's ``input_features[0]`` to
-``OUT/NAME.npy``; ``quit`` ends. One thread (``torch.set_num_threads(1)``), as the project's side.
+token count). The command loop is ``_ref_worker.serve``'s; ``save OUT`` writes every file's
+``input_features[0]`` to ``OUT/NAME.npy`` and its token count to ``OUT/NAME.tokens``. One thread
+(``torch.set_num_threads(1)``), as the project's side.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,8 @@ from transformers.models.nemotron_h_omni import (
     NemotronH_Omni_Reasoning_V3Processor,
     NemotronH_Omni_Reasoning_V3VideoProcessor,
 )
+
+from _ref_worker import serve
 
 
 def main() -> None:
@@ -42,26 +42,15 @@ def main() -> None:
         features, _, tokens = proc._process_audio(load_audio(str(path), sampling_rate=16000), {})
         return features[0], tokens[0]
 
+    def save(out: Path) -> None:
+        for path in files:
+            features, tokens = run(path)
+            np.save(out / f"{path.stem}.npy", features.numpy())
+            (out / f"{path.stem}.tokens").write_text(str(int(tokens)))
+
     for path in files:                                       # warm-up
         run(path)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        cmd = line.split()
-        if not cmd or cmd[0] == "quit":
-            break
-        if cmd[0] == "save":
-            for path in files:
-                features, tokens = run(path)
-                np.save(Path(cmd[1]) / f"{path.stem}.npy", features.numpy())
-                (Path(cmd[1]) / f"{path.stem}.tokens").write_text(str(int(tokens)))
-            print("saved", flush=True)
-            continue
-        seconds = []
-        for path in files:
-            t = time.perf_counter()
-            run(path)
-            seconds.append(time.perf_counter() - t)
-        print(json.dumps(seconds), flush=True)
+    serve(files, run, save)
 
 
 if __name__ == "__main__":

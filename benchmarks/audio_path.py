@@ -15,17 +15,14 @@ processor's, and the token counts equal, before timing.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import _common as C
+from _ref_worker import REF_PYTHON, RefWorker, alternate
 
 GOAL = 1.0
-REF_PYTHON = C.BENCH_DIR.parent / ".venv-ref" / "bin" / "python"
 TOKENIZER = C.BENCH_DIR.parent / "energon_nemotron" / "demo" / "tokenizer"
 #: (sample rate, channels, seconds) of the files
 FILES = [(16000, 1, 30), (44100, 2, 28), (48000, 1, 25), (22050, 2, 20), (16000, 1, 15), (44100, 1, 30),
@@ -55,42 +52,21 @@ def main(argv=None) -> int:
         for i, (rate, channels, seconds) in enumerate(specs):
             paths.append(folder / f"a{i:02d}_{rate}_{channels}ch_{seconds}s.wav")
             paths[-1].write_bytes(make_audio(float(seconds), rate, channels, i, "wav"))
-        worker = subprocess.Popen([str(REF_PYTHON), str(C.BENCH_DIR / "_hf_audio_worker.py"), str(folder),
-                                   str(TOKENIZER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        with RefWorker("_hf_audio_worker.py", str(folder), str(TOKENIZER)) as worker:
 
-        def ask(cmd: str) -> str:
-            worker.stdin.write(cmd + "\n")
-            worker.stdin.flush()
-            return worker.stdout.readline()
+            def ours(path):
+                plan = plan_audio(audio_metadata(path))
+                return plan, process_audio(path, plan)
 
-        assert worker.stdout.readline().strip() == "ready"
-
-        def ours(path):
-            plan = plan_audio(audio_metadata(path))
-            return plan, process_audio(path, plan)
-
-        saved = folder / "hf"
-        saved.mkdir()
-        assert ask(f"save {saved}").strip() == "saved"
-        for path in paths:                                    # warm-up and the bit-for-bit check
-            plan, (features, lengths) = ours(path)
-            theirs = np.load(saved / f"{path.stem}.npy")
-            assert np.array_equal(features[0].numpy(), theirs), f"{path.name}: features differ from the processor's"
-            assert plan.tokens == (int((saved / f"{path.stem}.tokens").read_text()),), path.name
-        per = {(p.name, side): [] for p in paths for side in ("ours", "hf")}
-        totals = {"ours": [], "hf": []}
-        for r in range(rounds):
-            for side in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
-                if side == "hf":
-                    seconds = json.loads(ask("round"))
-                else:
-                    seconds = [C.bench_timer(lambda: ours(p), 1)[0] for p in paths]
-                for p, t in zip(paths, seconds):
-                    per[p.name, side].append(t)
-                totals[side].append(sum(seconds))
-        ask("quit")
-        worker.wait(timeout=60)
+            saved = folder / "hf"
+            saved.mkdir()
+            assert worker.ask(f"save {saved}").strip() == "saved"
+            for path in paths:                                # warm-up and the bit-for-bit check
+                plan, (features, lengths) = ours(path)
+                theirs = np.load(saved / f"{path.stem}.npy")
+                assert np.array_equal(features[0].numpy(), theirs), f"{path.name}: features differ from the processor's"
+                assert plan.tokens == (int((saved / f"{path.stem}.tokens").read_text()),), path.name
+            per, totals = alternate(worker, [(p.name, p) for p in paths], ours, rounds, C.bench_timer)
 
     audio_s = sum(s for _, _, s in specs)
     ours_s, hf_s = C.median(totals["ours"]), C.median(totals["hf"])

@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import _common as C
+from _ref_worker import REF_PYTHON, RefWorker, alternate
 
 GOAL = 2.0
 CLASS_GOAL = 1.0          # every size class of the varied corpus
-REF_PYTHON = C.BENCH_DIR.parent / ".venv-ref" / "bin" / "python"
 
 
 def screenshot(w: int, h: int, seed: int) -> bytes:
@@ -87,36 +85,15 @@ def measure(images: list[tuple[str, bytes]], rounds: int) -> dict:
         folder = Path(tmp)
         for name, data in images:
             (folder / f"{name}.img").write_bytes(data)
-        worker = subprocess.Popen([str(REF_PYTHON), str(C.BENCH_DIR / "_hf_image_worker.py"), str(folder)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env={**__import__("os").environ, "PYTHONWARNINGS": "ignore"})
+        with RefWorker("_hf_image_worker.py", str(folder)) as worker:
 
-        def ask(cmd: str) -> str:
-            worker.stdin.write(cmd + "\n")
-            worker.stdin.flush()
-            return worker.stdout.readline()
+            def ours(data):
+                return process_image(data, plan_image(*image_header_size(data)))
 
-        assert worker.stdout.readline().strip() == "ready"
-
-        def ours(data):
-            return process_image(data, plan_image(*image_header_size(data)))
-
-        ask(f"save {folder}")
-        diff = {name: float(np.abs(ours(data).numpy() - np.load(folder / f"{name}.npy")).max())
-                for name, data in images}
-        per = {(name, side): [] for name, _ in images for side in ("ours", "hf")}
-        totals = {"ours": [], "hf": []}
-        for r in range(rounds):
-            for side in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
-                if side == "hf":
-                    seconds = json.loads(ask("round"))
-                else:
-                    seconds = [C.bench_timer(lambda: ours(data), 1)[0] for _, data in images]
-                for (name, _), t in zip(images, seconds):
-                    per[name, side].append(t)
-                totals[side].append(sum(seconds))
-        ask("quit")
-        worker.wait(timeout=60)
+            worker.ask(f"save {folder}")
+            diff = {name: float(np.abs(ours(data).numpy() - np.load(folder / f"{name}.npy")).max())
+                    for name, data in images}
+            per, totals = alternate(worker, images, ours, rounds, C.bench_timer)
     return {"per": per, "totals": totals, "diff": diff}
 
 
