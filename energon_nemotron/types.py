@@ -166,6 +166,6 @@ class PackedRow(Sample):
     cu_seqlens_padded: torch.Tensor
     max_seqlen: int
     keys: list
-    visual: list = field(default_factory=list)       # per image/video: {"pixels", "sizes", "keys"}
+    visual: list = field(default_factory=list)       # per image/video: {"pixels", "sizes", "keys", "frames"}
     audio: list = field(default_factory=list)        # per audio: {"features", "lengths", "keys"}
     media_spans: list = field(default_factory=list)  # per item, placeholder order (see PackedBatch)

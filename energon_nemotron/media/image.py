@@ -359,8 +359,8 @@ def process_image(image: Union[ImageSource, Image.Image], plan: ImagePlan) -> to
         if size != (plan.width, plan.height):
             raise MediaError(f"image is {size[0]}x{size[1]} but the plan is for {plan.width}x{plan.height}")
         rgb = _decode_rgb(im, orientation)
-        at_size = tiles == 1 and rgb.size == (gw * p, gh * p)
-        planes = None if plan.resize == "pil" or at_size else _planes(rgb)
+        # one unit: patch_grid makes the planes itself, or skips them for an image at its grid size
+        planes = None if plan.resize == "pil" or tiles == 1 else _planes(rgb)
         out = torch.empty((plan.num_patches, 3 * p * p), dtype=torch.float32)
         units = out.view(plan.num_units, gh, gw, 3, p, p)
         if tiles == 1:

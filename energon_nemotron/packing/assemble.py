@@ -145,7 +145,7 @@ def batch_media(rows: Sequence[PackedRow]) -> BatchMedia:
         segments = [_keyed_segments(v["pixels"], v.get("keys")) for v in visual]
         media["pixel_values"] = from_keyed([s for s, _ in segments], [k for _, k in segments], shared=shared)
         media["image_sizes"] = PackedTensor.from_list([v["sizes"] for v in visual])
-        media["num_frames"] = torch.tensor([v.get("frames", v["sizes"].shape[0]) for v in visual], dtype=torch.int32)
+        media["num_frames"] = torch.tensor([v["frames"] for v in visual], dtype=torch.int32)
         media["num_units"] = torch.tensor([v["sizes"].shape[0] for v in visual], dtype=torch.int32)
         media["patch_size"] = _patch_size(visual)
     if audio:
