@@ -46,6 +46,30 @@ class StrictModel(BaseModel):
         return data
 
 
+class BalanceConfig(StrictModel):
+    """Packs of even cost across data-parallel ranks (``packing.balance``; docs/packing.md)."""
+
+    #: emit each buffer's packs in the order of the step schedule all ranks share
+    schedule: bool = True
+    #: cap each pack's extra work (vision patches, audio frames, attention) at this many times the
+    #: running mean extra work of a full pack (1.0: the most even packs, for some token fill); null:
+    #: no cap. Needs a packer with a second budget and no ``max_media_patches_per_pack``
+    cost_cap: Optional[float] = Field(None, gt=0)
+    #: the cost model, per LLM token position (``packing.balance.CostModel``)
+    attention: float = Field(7.68e-6, ge=0)
+    vision_patch: float = Field(0.197, ge=0)
+    audio_frame: float = Field(0.0234, ge=0)
+
+
+class CarryConfig(StrictModel):
+    """Under-filled buffer tails carried into the next buffer (``packing.carry``; docs/packing.md)."""
+
+    #: carry the samples of packs whose token fill is under this fraction of seq_length
+    min_fill: float = Field(0.99, gt=0, le=1)
+    #: times a sample may be carried before it is packed wherever it falls
+    max_times: int = Field(4, ge=1)
+
+
 class PackingConfig(StrictModel):
     algorithm: str = "minimum_bin_slack"
     buffer_size: int = Field(256, ge=1)
@@ -56,6 +80,10 @@ class PackingConfig(StrictModel):
     #: balanced_greedy_knapsack only: bins opened up front beyond ceil(total / capacity) (NeMo-RL's
     #: and Megatron-LM's ``balanced_knapsack_delta``); null: none (0)
     balanced_knapsack_delta: Optional[int] = Field(None, ge=0)
+    #: packs of even cost across ranks (null: packed and emitted by tokens only)
+    balance: Optional[BalanceConfig] = Field(default_factory=BalanceConfig)
+    #: under-filled tails carried into the next buffer (null: every buffer packed on its own)
+    carry: Optional[CarryConfig] = Field(default_factory=CarryConfig)
 
     @field_validator("algorithm")
     @classmethod

@@ -39,7 +39,8 @@ from megatron.energon import (DefaultCrudeJsonlDatasetFactory, MapDataset, Sourc
 import energon_nemotron._energon as surface
 import energon_nemotron.guards.jsonl_guard as jsonl_guard
 from energon_data import energon, tar_keys, text_config
-from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, DatasetHook, WrapperDataset, add_source_info,
+from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, BufferContext, CarryingPackingDataset, DatasetHook,
+                                       WrapperDataset, add_source_info, packing_stage,
                                        basic_loader, batch_worker, check_version, empty_leaf_sample,
                                        empty_worker_checkpoint, filesystem_entry, filter_leaf_samples,
                                        guard_jsonl_lines, indexed_sample_key, initial_worker_checkpoints,
@@ -727,6 +728,52 @@ def test_saves_declares_what_energon_saves_and_restores(data):
     assert again._count == 3
 
 
+def test_packing_stage_carries_samples_into_the_next_buffer_and_saves_them(data):
+    """Energon's ``build_batch`` under ``packing_stage`` builds a ``CarryingPackingDataset``; its
+    pre-packer gets a ``BufferContext`` per buffer; what it carries comes back at the front of the
+    next buffer, counted; every sample leaves in exactly one pack; the state saves the counts."""
+    config = text_config(data.a, workers=0, packing={"algorithm": "first_fit_decreasing", "buffer_size": 5,
+                                                     "max_sequences_per_bin": 2}, seq_length=4096)
+    encoder = build_task_encoder(config)
+    contexts: list = []
+    chosen = encoder.select_samples_to_pack
+
+    def carrying(samples, context=None):
+        assert isinstance(context, BufferContext)
+        contexts.append((list(context.carried), context.final, context.first_pack, context.worker,
+                         context.num_workers, context.batch_size, [s.__key__ for s in samples]))
+        packs = chosen(samples, None)        # the encoder's packs, then carry the first one (once)
+        times = {s.__key__: t for s, t in zip(samples, context.carried)}
+        if not context.final and len(packs) > 1 and times[packs[0][0].__key__] == 0:
+            context.carry = [(s, 1) for s in packs[0]]
+            packs = packs[1:]
+        return packs
+
+    encoder.select_samples_to_pack = carrying
+    with packing_stage(3) as build:
+        assert callable(build)
+    dataset = get_train_dataset(str(data.a), split_part="train", worker_config=WorkerConfig(rank=0, world_size=1,
+                                num_workers=0), batch_size=3, task_encoder=encoder, shuffle_buffer_size=None,
+                                max_samples_per_sequence=None, repeat=False, packing_buffer_size=5)
+    stage, = [n for n in nodes_of(dataset) if isinstance(n, CarryingPackingDataset)]
+    assert stage.batch_size == 3 and {"_carried", "_density", "_packs_planned"} <= set(savable_fields(stage))
+    keys, saved = [], None
+    for batch in basic_loader(dataset):
+        keys += keys_of(batch)
+        if stage._carried and saved is None:
+            saved = stage.save_state()
+    assert sorted(keys) == sorted(data.keys_a)                     # each sample once, carried ones too
+    assert contexts[0][0] == [0] * 5 and contexts[0][2] == 0 and contexts[0][3:6] == (0, 1, 3)
+    assert not any(c[1] for c in contexts[:-1])            # only a last buffer read after the source's end is final
+    for before, after in zip(contexts, contexts[1:]):
+        carried = [t for t in after[0] if t]
+        assert after[0][:len(carried)] == [1] * len(carried)       # carried samples first, counted once
+        assert set(after[6][:len(carried)]) <= set(before[6])
+        assert after[2] > before[2]                                # the worker's pack count goes on
+    assert any(any(c[0]) for c in contexts) and saved is not None and all(t == 1 for t in saved["_carried"])
+    assert saved_class(saved) == "CarryingPackingDataset"
+
+
 def test_basic_loader_reads_a_built_dataset(data):
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
     loaded, = load_dataset(str(data.a)).get_datasets(training=False, split_part="train",
@@ -870,6 +917,9 @@ EXERCISED = {
     "test_dataset_hook_sees_each_dataset_once": ["DatasetHook", "basic_loader"],
     "test_build_errors_are_recognised_from_energon": ["is_weighted_blend_error", "is_no_cooker_error"],
     "test_saves_declares_what_energon_saves_and_restores": ["saves", "WrapperDataset", "savable_fields"],
+    "test_packing_stage_carries_samples_into_the_next_buffer_and_saves_them": ["BufferContext",
+                                                                               "CarryingPackingDataset",
+                                                                               "packing_stage", "savable_fields"],
     "test_basic_loader_reads_a_built_dataset": ["basic_loader", "sample_index"],
     "test_guard_jsonl_lines_checks_each_line_before_energon_parses_it": ["guard_jsonl_lines"],
     "test_dss_paths_resolve_under_the_nvdataset_cache_dir": ["set_nvdataset_cache_dir"],

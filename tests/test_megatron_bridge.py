@@ -11,6 +11,8 @@ per-image patch counts.
 
 from __future__ import annotations
 
+import math
+
 import subprocess
 import sys
 from pathlib import Path
@@ -219,10 +221,12 @@ def test_task_encoder_inside_bridges_energon_data_module(tmp_path):
             assert b["loss_tokens"] == b["compact_trained"] > 0
             assert b["telemetry"]["samples"] == len(b["sample_keys"]) and 0 < b["telemetry"]["fill_ratio"] <= 1
             assert {"tokens", "labels", "loss_mask", "cu_seqlens_q", "total_tokens"} <= set(b["keys"])
-        # 14 good samples an epoch (Bridge's loader repeats); the buffers read ahead of the batches
+        # 14 good samples an epoch (Bridge's loader repeats); the buffers read ahead of the batches, and a
+        # sample carried into later buffers (packing.carry: at most 4 buffers of 8) is decoded that much later
         epochs = len(keys) / 14
+        late = math.ceil(4 * 8 / 14)
         assert list(skipped) == ["corrupt_media"], skipped
-        assert 2 * int(epochs) <= skipped["corrupt_media"] <= 2 * (int(epochs) + 2), (name, skipped, len(keys))
+        assert 2 * (int(epochs) - late) <= skipped["corrupt_media"] <= 2 * (int(epochs) + 2), (name, skipped, len(keys))
     raised = results["raise-0"]
     assert raised["ok"] and raised["error"] is not None
     assert "im-00005" in raised["error"] or "im-00010" in raised["error"], raised["error"]

@@ -316,7 +316,8 @@ def test_config_delta_only_for_balanced_and_forwarded():
     samples = [EncodedSample(__key__=f"s{i}", __restore_key__=(), sources=[], cost=c) for i, c in enumerate(costs)]
     for delta in (None, 3):
         enc = NemotronMultimodalTaskEncoder(DEMO_TOKENIZER, {"seq_length": 512}, packing=PackingConfig(
-            algorithm="balanced_greedy_knapsack", buffer_size=8, balanced_knapsack_delta=delta))
+            algorithm="balanced_greedy_knapsack", buffer_size=8, balanced_knapsack_delta=delta,
+            balance=None, carry=None))                 # the packer's bins in its own order
         packs = [[int(s.__key__[1:]) for s in p] for p in enc.select_samples_to_pack(samples)]
         assert packs == balanced_greedy_knapsack(costs, 512, balanced_knapsack_delta=delta)
     assert balanced_greedy_knapsack(costs, 512, balanced_knapsack_delta=3) != balanced_greedy_knapsack(costs, 512)

@@ -241,7 +241,8 @@ def test_resume_restores_samples_prepared_but_not_yet_tokenized(media_root, monk
         return original(self, sample)
 
     monkeypatch.setattr(Encoder, "postencode_sample", spy)
-    config = cfg(media_root, 0, **{"packing.max_sequences_per_bin": 2})     # several packs per buffer
+    # several packs per buffer, none carried (carried samples have tests of their own)
+    config = cfg(media_root, 0, **{"packing.max_sequences_per_bin": 2, "packing.carry": None})
     restored_pending = 0
     for k in (2, 4):
         first = build_train_loader(config)

@@ -17,6 +17,7 @@ from energon_nemotron._energon.compat import SUPPORTED, check_version
 from energon_nemotron._energon.files import (add_source_info, entry_size, filesystem_entry, index_file, indexed_sample_key, load_yaml,
                                              set_nvdataset_cache_dir, store_entry_names, store_kind, store_local_base,
                                              webdataset_entry)
+from energon_nemotron._energon.packing_stage import BufferContext, CarryingPackingDataset, packing_stage
 from energon_nemotron._energon.patches import (guard_jsonl_lines, name_watchdog_timeouts, quiet_error_prints,
                                                quiet_progress)
 from energon_nemotron._energon.stages import (DatasetHook, WrapperDataset, basic_loader, is_no_cooker_error,
@@ -36,6 +37,8 @@ __all__ = ["SUPPORTED", "check_version",
            # task encoder stages
            "stage_failure_tolerance", "set_default_failure_tolerance", "stage_error_context", "DatasetHook",
            "is_weighted_blend_error", "is_no_cooker_error", "WrapperDataset", "saves", "basic_loader",
+           # this library's packing stage
+           "BufferContext", "CarryingPackingDataset", "packing_stage",
            # behaviours adjusted from outside
            "quiet_error_prints", "quiet_progress", "guard_jsonl_lines", "name_watchdog_timeouts",
            # files and aux sources

@@ -32,9 +32,9 @@ class BufferTokenizer:
         self.stage, self.handler, self.tolerance = stage, handler, tolerance
         self._errors: Optional[Any] = None          # the error context, made in the worker at first use
 
-    def __call__(self, samples: Sequence[EncodedSample]) -> list[EncodedSample]:
+    def __call__(self, samples: Sequence[EncodedSample], holes: bool = False) -> list[Optional[EncodedSample]]:
         """``samples`` with every prepared one (``pending`` set) tokenized and finished; a sample
-        failing is handed to the error policy and left out."""
+        failing is handed to the error policy and left out (``holes``: None in its place)."""
         pending = [s for s in samples if s.pending is not None]
         if not pending:
             return list(samples)
@@ -49,6 +49,6 @@ class BufferTokenizer:
             done = None
             with self._errors.handle_errors(s.pending.origin):
                 done = self.finish(s, next(encodings))
-            if done is not None:
+            if done is not None or holes:
                 out.append(done)
         return out

@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence, Union
 
 from megatron.energon import DefaultTaskEncoder, MapDataset, SkipSample, stateless
 
-from energon_nemotron._energon import DatasetHook, set_default_failure_tolerance, stage_failure_tolerance
+from energon_nemotron._energon import DatasetHook, packing_stage, set_default_failure_tolerance, stage_failure_tolerance
 from energon_nemotron.batch import PackedBatch
 from energon_nemotron.config import PackingConfig
 from energon_nemotron.cookers import build_cookers
@@ -34,13 +34,14 @@ from energon_nemotron.encoders.one_pass import OnePassEnd, guard_source
 from energon_nemotron.encoders.options import NemotronMultimodalOptions, media_options
 from energon_nemotron.encoders.outputs import batch_output
 from energon_nemotron.encoders.over_length import OverLengthPolicy, OverLengthSkip
+from energon_nemotron.encoders.pre_pack import BufferPacker
 from energon_nemotron.encoders.runtime import Runtime
 from energon_nemotron.errors import ConfigError, DataError, MediaError, sample_where
 from energon_nemotron.guards.policy import ErrorPolicy, SampleErrorHandler
 from energon_nemotron.media.handlers import MediaHandlers
 from energon_nemotron.packing.assemble import assemble_row, batch_rows, row_media
-from energon_nemotron.packing.distinct import BufferOverDataWarning, buffer_over_data, separate_repeats, source_id
-from energon_nemotron.packing.spec import has_second_budget, packer_options, second_budget_packers
+from energon_nemotron.packing.distinct import BufferOverDataWarning, buffer_over_data
+from energon_nemotron.packing.spec import has_second_budget, second_budget_packers
 from energon_nemotron.registry import PACKERS, TASK_ENCODERS
 from energon_nemotron.telemetry import began
 from energon_nemotron.tokenization.conversation import ConversationTokenizer
@@ -119,6 +120,8 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         tolerance = 0 if runtime.failure_tolerance is None and o.on_error == "skip" else runtime.failure_tolerance
         if tolerance is not None:                   # 0: skipping never turns into a fatal error
             set_default_failure_tolerance(self, tolerance)
+        self.buffer_packer = BufferPacker(packing, self.packer, o.seq_length, self.counters.packing) \
+            if packing else None
         self.output = batch_output(o.output)
         if self.output is not None:
             self.output.check_options(o)            # a configuration the consumer cannot take: now
@@ -286,24 +289,26 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
                                          media_patches=sample.media_patches)
 
     # -- packing ---------------------------------------------------------------------------------
-    def select_samples_to_pack(self, samples: list[EncodedSample]) -> list[list[EncodedSample]]:
-        """Bins of the buffer by the registered packer; every sample exactly once. Prepared samples
+    def build_batch(self, dataset, *, batch_size, **kwargs):
+        """Energon's batching stages, with this library's packing stage (``_energon.packing_stage``:
+        samples carried between buffers, the buffer's place in the step schedule)."""
+        with packing_stage(batch_size or 1):
+            return super().build_batch(dataset, batch_size=batch_size, **kwargs)
+
+    def select_samples_to_pack(self, samples: list[EncodedSample], context: Any = None) -> list[list[EncodedSample]]:
+        """Packs of the buffer in emission order, every sample exactly once in them or carried
+        (``encoders.pre_pack``; ``context``: the packing stage's ``BufferContext``). Prepared samples
         are tokenized first, all in one call (``buffered``)."""
+        carried = list(context.carried) if context is not None else [0] * len(samples)
         if self.buffer_tokenizer is not None:
-            samples = self.buffer_tokenizer(samples)
+            done = self.buffer_tokenizer(samples, holes=True)
+            carried = [t for s, t in zip(done, carried) if s is not None]
+            samples = [s for s in done if s is not None]
         if not samples:
             return []
         # a seed derived from the buffer's keys: deterministic, and the same after a restore
         seed = zlib.crc32("\0".join(s.__key__ for s in samples).encode()) ^ self.seed
-        options = packer_options(self.packing, [s.media_patches for s in samples])
-        costs, L, most = [s.cost for s in samples], self.options.seq_length, self.packing.max_sequences_per_bin
-        bins = self.packer(costs, L, seed=seed, **options)
-        if sorted(i for b in bins for i in b) != list(range(len(samples))):
-            raise RuntimeError(f"packer {self.packing.algorithm!r} did not place every sample exactly once")
-        # a buffer larger than a worker's share of a repeating dataset holds repeated reads: never two in a pack
-        budget = {k: options[k] for k in ("secondary", "secondary_capacity") if k in options}
-        bins = separate_repeats(bins, [source_id(s) for s in samples], costs, L, most, **budget)
-        return [[samples[i] for i in b] for b in bins]
+        return self.buffer_packer(samples, carried, context, seed)
 
     @stateless
     def pack_selected_samples(self, samples: list[EncodedSample]) -> PackedRow:

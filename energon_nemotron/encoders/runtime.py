@@ -5,7 +5,8 @@ tokenization).
 ``skipped``: samples skipped by reason (a ``guards.skip_limits.SkipTally`` with the skip limits:
 the over-length policy's skips, and every skip of ``on_error: skip`` through the error policy);
 ``decodes``: media decoded by modality (``media.handlers.MEDIA_COUNTERS``); ``lookups``: media found
-by basename in an aux source (``cookers.media_sources.LOOKUP_COUNTERS``). The three are shared
+by basename in an aux source (``cookers.media_sources.LOOKUP_COUNTERS``); ``packing``: samples
+carried into a next buffer (:data:`PACKING_COUNTERS`). The four are shared
 across ``DataLoader`` workers (``telemetry.SharedCounter``: build them for the loader's worker
 count before the workers start). :meth:`EncoderCounters.take_pending`: this process's skips not
 yet reported in a batch, which the encoder's ``batch`` attaches to the batch it makes
@@ -24,7 +25,10 @@ from energon_nemotron.guards.skip_limits import record_pass
 from energon_nemotron.media.handlers import MEDIA_COUNTERS
 from energon_nemotron.telemetry import SharedCounter
 
-__all__ = ["Runtime", "EncoderCounters", "NoCount"]
+__all__ = ["Runtime", "EncoderCounters", "NoCount", "PACKING_COUNTERS"]
+
+#: what the pre-packer counts (``encoders.pre_pack``): samples carried into a next buffer
+PACKING_COUNTERS = ("carried",)
 
 
 class NoCount:
@@ -44,12 +48,13 @@ class EncoderCounters:
     skipped: Any = field(default_factory=skip_counter)
     decodes: Any = field(default_factory=lambda: SharedCounter(MEDIA_COUNTERS))
     lookups: Any = field(default_factory=lambda: SharedCounter(LOOKUP_COUNTERS))
+    packing: Any = field(default_factory=lambda: SharedCounter(PACKING_COUNTERS))
 
     @classmethod
     def for_workers(cls, num_workers: int) -> "EncoderCounters":
         """Counters shared by ``num_workers`` ``DataLoader`` workers and the main process."""
         return cls(skip_counter(num_workers), SharedCounter(MEDIA_COUNTERS, num_workers),
-                   SharedCounter(LOOKUP_COUNTERS, num_workers))
+                   SharedCounter(LOOKUP_COUNTERS, num_workers), SharedCounter(PACKING_COUNTERS, num_workers))
 
     @classmethod
     def silent(cls, skipped: Optional[Any] = None) -> "EncoderCounters":

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from energon_nemotron._energon import is_no_cooker_error, is_weighted_blend_error, quiet_progress
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, format_validation_error, load_config
 from energon_nemotron.encoders.outputs import PACKED_BATCH
+from energon_nemotron.encoders.pre_pack import cost_model
 from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.guards import orphans, stalls
@@ -197,7 +198,8 @@ def build_loader(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
     counters = EncoderCounters.for_workers(cfg.loader.num_workers)
     inner = _energon_loader(cfg, src, validation, repeat, counters)
     loader = Loader(inner, fp, LoaderStats(counters.skipped, counters.decodes, log_every=cfg.loader.log_every,
-                                           lookups=counters.lookups))
+                                           lookups=counters.lookups, packing=counters.packing,
+                                           cost=cost_model(cfg.packing) if cfg.packing else None))
     loader.layout, loader.recent = (cfg, repeat), RecentBatches(cfg.loader.num_workers)
     return loader
 

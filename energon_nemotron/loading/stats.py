@@ -9,11 +9,28 @@ import sys
 import time
 from typing import Optional
 
+import torch
+
+from energon_nemotron.packing.balance import CostModel
 from energon_nemotron.telemetry import SharedCounter
 
 log = logging.getLogger("energon_nemotron")
 
-__all__ = ["LoaderStats"]
+__all__ = ["LoaderStats", "batch_cost"]
+
+
+def batch_cost(batch, model: CostModel) -> float:
+    """A batch's training work (``packing.balance.CostModel``, LLM token positions): every row
+    position, attention over each segment (``cu_seqlens``), the vision patches of its units
+    (``image_sizes``: grid_h x grid_w each) and its audio mel frames (``sound_lengths``)."""
+    squares = 0
+    for cu in batch.cu_seqlens:
+        lengths = (cu[1:] - cu[:-1]).to(dtype=torch.float64)
+        squares += float((lengths * lengths).sum())
+    media = batch.media
+    patches = int(media.image_sizes.as_tensor().prod(dim=-1).sum()) if media.image_sizes is not None else 0
+    frames = int(media.sound_lengths.as_tensor().sum()) if media.sound_lengths is not None else 0
+    return float(batch.batch_size * batch.seq_length) + model.extra([], patches, frames) + model.attention * squares
 
 
 class LoaderStats:
@@ -21,9 +38,13 @@ class LoaderStats:
     every ``log_every`` batches (:func:`emit`)."""
 
     def __init__(self, skips: SharedCounter, decodes: Optional[SharedCounter], pad_id: Optional[int] = None,
-                 log_every: int = 0, lookups: Optional[SharedCounter] = None) -> None:
+                 log_every: int = 0, lookups: Optional[SharedCounter] = None,
+                 packing: Optional[SharedCounter] = None, cost: Optional[CostModel] = None) -> None:
         self.skips, self.decodes, self.pad_id, self.log_every = skips, decodes, pad_id, log_every
         self.lookups = lookups      # media found by basename in an aux source (cookers.media_sources)
+        self.packing = packing      # samples carried into a next buffer (encoders.pre_pack)
+        self.cost = cost            # the packing's cost model: this rank's step costs (None: not counted)
+        self.cost_sum = self.cost_max = 0.0
         self.batches = self.rows = self.samples = self.tokens = self.positions = 0
         self.carried: dict[str, int] = {}    # the skips the batches so far carried (PackedBatch.skipped)
         self.ended = False                   # the iteration ended: add what no batch carried
@@ -40,6 +61,10 @@ class LoaderStats:
             self.tokens += int((batch.tokens != self.pad_id).sum())
         else:
             self.tokens += sum(int(c[-1]) for c in batch.cu_seqlens)
+        if self.cost is not None:
+            c = batch_cost(batch, self.cost)
+            self.cost_sum += c
+            self.cost_max = max(self.cost_max, c)
         if self.log_every and self.batches % self.log_every == 0:
             emit(self.line())
 
@@ -61,7 +86,17 @@ class LoaderStats:
                 "fill_ratio": self.tokens / self.positions if self.positions else 0.0,
                 "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "seconds": seconds,
                 "media_decoded": media, "audio_truncated": truncated, "basename_fallback": fallback,
+                "carried": self.packing.totals().get("carried", 0) if self.packing is not None else 0,
+                "step_cost": self._step_cost(),
                 "skipped": self.skipped()}
+
+    def _step_cost(self) -> dict:
+        """This rank's step costs so far (``batch_cost``, row positions): mean, and max ÷ mean (the
+        spread across ranks needs every rank's: ``benchmarks/dp_balance.py``); {} when not counted."""
+        if self.cost is None or not self.batches:
+            return {}
+        mean = self.cost_sum / self.batches
+        return {"mean": round(mean, 1), "max_over_mean": round(self.cost_max / mean, 4)}
 
     def line(self) -> str:
         d = self.as_dict()
@@ -69,8 +104,10 @@ class LoaderStats:
         skipped = " ".join(f"{k} {v}" for k, v in d["skipped"].items()) or "none"
         truncated = f" ({d['audio_truncated']} audio truncated)" if d["audio_truncated"] else ""
         fallback = f" | media found by basename: {d['basename_fallback']}" if d["basename_fallback"] else ""
+        carried = f" | carried {d['carried']}" if d["carried"] else ""
         return (f"batches {d['batches']} | packs {d['packs']} | samples {d['samples']} | fill {d['fill_ratio']:.2%} | "
-                f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media}{truncated}{fallback} | skipped: {skipped}")
+                f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media}{truncated}{fallback}{carried} | "
+                f"skipped: {skipped}")
 
 
 def emit(line: str) -> None:

@@ -1,6 +1,7 @@
 """Packing: pure algorithms on lengths (``algorithms``, ``refine``, ``knapsack``, ``concatenative``,
-``modified_ffd``), repeats kept apart (``distinct``), and encoded sources assembled into rows and
-batches (``assemble``)."""
+``modified_ffd``), repeats kept apart (``distinct``), the cost model, cost cap, carried tails and
+step schedule of a buffer (``balance``), and encoded sources assembled into rows and batches
+(``assemble``)."""
 
 from energon_nemotron.packing.algorithms import best_fit_decreasing, fill_ratio, first_fit_decreasing, first_fit_shuffle
 from energon_nemotron.packing.assemble import assemble_row, batch_rows, round_up
