@@ -7,7 +7,9 @@ patches). Fill = tokens / (packs × capacity); the per-buffer bound is ⌈Σ/cap
 mix, ``minimum_bin_slack`` also runs with a second budget of vision patches per pack
 (``max_media_patches_per_pack``): the table shows token fill, patch fill and the largest pack's
 patches against the mean (balance of vision-encoder work). ``ratio`` = the best packer's fill at
-buffer 256 on (a), goal >= 0.99.
+buffer 256 on (a), goal >= 0.99. Then the buffer tails: one worker's stream of buffers through the
+loader's pre-packer (``_pack_stream``) at buffers 32 and 256, without and with carried tails
+(``packing.carry``); goal with them: fill at 32 within 0.3 points of 256 on both mixes.
 
 ``--offline`` (name ``packing_offline``; ``--quick``: 100,000 lengths):
 
@@ -32,6 +34,7 @@ FILL_GOAL = 0.9998
 SECONDS_GOAL = 1.0
 ONLINE_GOAL = 0.99
 PATCH_BUDGET = 8192
+TAIL_GOAL = 0.003           # fill at buffer 32 within 0.3 points of buffer 256, with carried tails
 
 
 def multimodal_mix(n: int, np, seed: int = 1):
@@ -97,13 +100,41 @@ def online(args) -> int:
     print(f"{'budgets':<22}{'token fill':>11}{'patch fill':>11}{'max patches':>13}{'peak/mean':>11}")
     for label, r in balance.items():
         print(f"{label:<22}{r['token_fill']:>11.4%}{r['patch_fill']:>11.4%}{r['max_patches']:>13}{r['peak_over_mean']:>11.2f}")
+    tails = tail_fills(n, np, lengths, mix_tokens, mix_patches)
     C.emit({"name": "packing", "ratio": round(at256[winner], 6), "goal": ONLINE_GOAL, "better": "higher",
+            "tails": tails, "tail_goal_points": TAIL_GOAL * 100,
+            "tail_goal_met": all(t["gap_points"] <= TAIL_GOAL * 100 for k, t in tails.items() if k.endswith("carried")),
             "packer": winner, "fill_at_256": {k: round(v, 6) for k, v in at256.items()},
             "bound_at_256": round(next(f for d, b, nm, f, _ in rows if d == "lognormal" and b == 256 and nm == "(bound)"), 6),
             "fills": [{"lengths": d, "buffer": b, "packer": nm, "fill": round(f, 6)} for d, b, nm, f, _ in rows],
             "media_balance": {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in balance.items()},
             "patch_budget": PATCH_BUDGET, "n": n, "quick": bool(args.quick)})
     return 0
+
+
+def tail_fills(n: int, np, lengths, mix_tokens, mix_patches) -> dict:
+    """Token fill of one worker's stream of buffers (``_pack_stream.fill_of``: the loader's
+    pre-packer) at buffers 32 and 256, ``minimum_bin_slack``, without carried tails (today's
+    ``packing.carry: null``) and with them (the default), on both mixes; the gap of buffer 32 to
+    buffer 256 in points (goal with carried tails: <= 0.3)."""
+    from _pack_stream import fill_of
+
+    from energon_nemotron.config import PackingConfig
+
+    out = {}
+    print(f"\nbuffer tails: one worker's stream of buffers, minimum_bin_slack")
+    print(f"{'lengths':<11}{'tails':<9}{'fill @32':>10}{'fill @256':>11}{'gap (points)':>14}")
+    text = [(int(t), 0, 0) for t in np.minimum(lengths, CAPACITY)]
+    mix = [(int(t), int(p), 0) for t, p in zip(mix_tokens, mix_patches)]
+    for dist, samples in (("lognormal", text), ("multimodal", mix)):
+        for label, carry in (("today", None), ("carried", {})):
+            fills = [fill_of(PackingConfig(algorithm="minimum_bin_slack", buffer_size=b, carry=carry), CAPACITY,
+                             samples) for b in (32, 256)]
+            gap = (fills[1] - fills[0]) * 100
+            out[f"{dist}_{label}"] = {"fill_32": round(fills[0], 6), "fill_256": round(fills[1], 6),
+                                      "gap_points": round(gap, 4)}
+            print(f"{dist:<11}{label:<9}{fills[0]:>10.4%}{fills[1]:>11.4%}{gap:>14.3f}")
+    return out
 
 
 def lognormal_lengths(n: int, np, median: float = 600.0, sigma: float = 0.9, seed: int = 0):
