@@ -284,3 +284,30 @@ def test_step_cost_telemetry_counts_what_the_pre_packer_planned(tmp_path, monkey
 
 def loader_packing(config) -> PackingConfig:
     return PackingConfig(**config["packing"])
+
+
+@pytest.mark.slow
+def test_ranks_of_the_real_loader_meet_at_closer_step_costs(tmp_path):
+    """Four data-parallel ranks of the real loader over the demo's multimodal samples (text, images,
+    video, audio): with the defaults (the step schedule, carried tails) the straggler ratio of their
+    batches' costs (``batch_cost``, max over ranks ÷ mean, per step) is lower than with
+    ``balance: null, carry: null``, the packs of the same buffers in the packer's order."""
+    from energon_nemotron.demo.datasets import multimodal_dataset
+    from energon_nemotron.encoders.pre_pack import cost_model
+    from energon_nemotron.loading.stats import batch_cost
+
+    multimodal_dataset(tmp_path / "mm", n=80, per_shard=10)
+    ratios = {}
+    for name, packing in (("off", {"balance": None, "carry": None}), ("defaults", {})):
+        p = {"algorithm": "minimum_bin_slack", "buffer_size": 16, **packing}
+        cfg = text_config(tmp_path / "mm", workers=0, packing=p, seq_length=4096, shuffle_buffer_size=20)
+        cfg["task_encoder"]["options"].update({"image": {"min_patches": 64, "max_patches": 1024},
+                                               "video": {"target_patches": 256, "min_frames": 2, "max_frames": 8}})
+        model = cost_model(PackingConfig(**p))
+        per_rank = []
+        for rank in range(4):
+            it = iter(build_train_loader(cfg, repeat=True, dp_rank=rank, dp_size=4))
+            per_rank.append([batch_cost(next(it), model) for _ in range(60)])
+        steps = list(zip(*per_rank))
+        ratios[name] = sum(max(s) / (sum(s) / len(s)) for s in steps) / len(steps)
+    assert ratios["defaults"] < ratios["off"] - 0.01, ratios
