@@ -31,7 +31,8 @@ from energon_nemotron.demo.conversations import make_conversations
 from energon_nemotron.demo.datasets import multimodal_dataset, with_system
 
 SEQ = 1024
-PACKING = {"algorithm": "minimum_bin_slack", "buffer_size": 4, "pad_multiple": 8, "max_sequences_per_bin": 3}
+PACKING = {"algorithm": "minimum_bin_slack", "buffer_size": 4, "pad_multiple": 8, "max_sequences_per_bin": 3,
+           "carry": None}         # the packer alone, buffer by buffer (carried tails: test_stats_carry_*)
 SEED = 7
 KIND = {"jpg": "image", "png": "image", "mp4": "video", "wav": "audio"}
 BAD = {"text-00003": "invalid_json", "text-00005": "over_length", "text-00008": "no_assistant", "3": "invalid_json"}
@@ -438,3 +439,27 @@ def test_pack_fill_packs_as_the_encoder_does_with_the_delta():
     assert pack_fill(records, 100, PackingConfig(algorithm="balanced_greedy_knapsack", buffer_size=8,
                                                  balanced_knapsack_delta=5), 3)["packs"] > \
         pack_fill(records, 100, PackingConfig(algorithm="balanced_greedy_knapsack", buffer_size=8), 3)["packs"]
+
+
+def test_stats_carry_packs_as_many_packs_as_the_loader(tmp_path):
+    """With carried tails (the default ``packing.carry``), ``stats`` counts the packs the loader
+    makes: one pass over a text dataset read in order (no shuffle buffer, one rank, no workers),
+    the stats' pack count and fill against the loader's own telemetry; and fewer packs than the
+    packer alone, buffer by buffer."""
+    from energon_data import text_config
+    from energon_nemotron.demo.datasets import text_dataset
+    from energon_nemotron.loading import build_train_loader
+    from energon_nemotron.stats import collect_stats
+
+    text_dataset(tmp_path / "t", "general_conversations", 60, seed=8, per_shard=12)
+    packing = {"algorithm": "minimum_bin_slack", "buffer_size": 8}
+    config = text_config(tmp_path / "t", workers=0, packing=packing, seq_length=1024, shuffle_buffer_size=None)
+    loader = build_train_loader(config, repeat=False)
+    for _ in loader:
+        pass
+    t = loader.telemetry()
+    got = collect_stats(config)["datasets"][0]["packing"]
+    assert t["carried"] > 0 and got["carry"] == {"min_fill": 0.99, "max_times": 4}
+    assert got["packs"] == t["packs"] and got["fill_ratio"] == pytest.approx(t["fill_ratio"], abs=1e-6)
+    alone = collect_stats({**config, "packing": {**packing, "carry": None}})["datasets"][0]["packing"]
+    assert alone["packs"] > got["packs"]

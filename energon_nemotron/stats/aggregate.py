@@ -16,8 +16,10 @@ Definitions:
   also ``HIST_BINS·w``.
 - packing: the samples the loader would pack (read fine; ``cost`` after ``over_length``), in
   dataset order, in consecutive buffers of ``buffer_size``, each packed by the configured packer
-  with the loader's seed (``crc32`` of the buffer's keys xor ``loader.seed``) and limits;
-  fill = Σ min(cost, seq_length) / (packs · seq_length). Without packing one sample is one row.
+  with the loader's seed (``crc32`` of the buffer's keys xor ``loader.seed``) and limits, and the
+  samples of under-filled packs carried into the next buffer as the loader carries them
+  (``packing.carry``; the last buffer carries nothing); fill = Σ min(cost, seq_length) / (packs ·
+  seq_length). The cost cap (``packing.balance.cost_cap``) is not applied here. Without packing one sample is one row.
   The total packs each dataset on its own and sums (the loader's blend mixes them).
 """
 
@@ -109,17 +111,25 @@ def pack_fill(records: Sequence[SampleRecord], seq_length: int, packing: Any, se
         return {"algorithm": None, "note": "no packing configured: one sample per row", "samples": len(rows),
                 "packs": len(rows), "tokens": tokens,
                 "fill_ratio": _round(tokens / (len(rows) * seq_length)) if rows else 0.0}
+    from energon_nemotron.packing.balance import CarryRule, plan_buffer
     from energon_nemotron.packing.spec import packer_options
     from energon_nemotron.registry import PACKERS
 
     packer = PACKERS.get(packing.algorithm)
-    packs = 0
-    for start in range(0, len(rows), packing.buffer_size):
-        buffer = rows[start:start + packing.buffer_size]
+    rule = CarryRule(packing.carry.max_times, packing.carry.min_fill) if packing.carry is not None else None
+    packs, at, carried = 0, 0, []             # carried: (record, times carried) back at the next buffer's front
+    while at < len(rows) or carried:
+        fresh = rows[at:at + packing.buffer_size - len(carried)]
+        at += len(fresh)
+        buffer, times = [r for r, _ in carried] + fresh, [t for _, t in carried] + [0] * len(fresh)
         buffer_seed = zlib.crc32("\0".join(r.key for r in buffer).encode()) ^ seed
-        packs += len(packer([r.cost for r in buffer], seq_length, seed=buffer_seed,
-                            **packer_options(packing, [r.patches for r in buffer])))
+        plan = plan_buffer(packer, [r.cost for r in buffer], seq_length, carried=times,
+                           carry=rule if at < len(rows) else None, seed=buffer_seed,
+                           **packer_options(packing, [r.patches for r in buffer]))
+        packs += len(plan.bins)
+        carried = [(buffer[i], times[i] + 1) for i in plan.carry]
     return {"algorithm": packing.algorithm, "buffer_size": packing.buffer_size, "pad_multiple": packing.pad_multiple,
+            "carry": packing.carry.model_dump() if packing.carry is not None else None,
             "max_sequences_per_bin": packing.max_sequences_per_bin,
             "balanced_knapsack_delta": packing.balanced_knapsack_delta,
             "max_media_patches_per_pack": packing.max_media_patches_per_pack, "samples": len(rows), "packs": packs,
