@@ -64,7 +64,8 @@ class Pack:
 
 
 class Worker:
-    """One worker's packing stage over an endless stream of samples (``draw(n)``: n more)."""
+    """One worker's packing stage over a stream of samples: ``draw(n)`` gives up to ``n`` more
+    ``(tokens, patches, mel frames)`` and whether the stream has ended with them."""
 
     def __init__(self, packing: PackingConfig, seq_length: int, draw, worker: int = 0, num_workers: int = 1,
                  batch_size: int = 1) -> None:
@@ -79,14 +80,17 @@ class Worker:
         self.count = 0
 
     def buffers(self) -> Iterator[list[Pack]]:
-        """The packs of each next buffer, in emission order."""
+        """The packs of each next buffer, in emission order, until the stream has ended and every
+        sample is in a pack (the last buffer carries nothing)."""
         while True:
-            fresh = [make_item(f"s{self.count + i}", *x) for i, x in enumerate(self.draw(self.packing.buffer_size
-                                                                                         - len(self.buffer)))]
+            drawn, ended = self.draw(self.packing.buffer_size - len(self.buffer))
+            fresh = [make_item(f"s{self.count + i}", *x) for i, x in enumerate(drawn)]
+            if not fresh and not self.buffer:
+                return
             self.count += len(fresh)
             samples = self.buffer + fresh
             carried = self.carried + [0] * len(fresh)
-            context = BufferContext(list(carried), False, self.planned, *self.where, self.density)
+            context = BufferContext(list(carried), ended, self.planned, *self.where, self.density)
             packs = self.packer(samples, carried, context, seed=0)
             self.buffer = [s for s, _ in context.carry]
             self.carried = [t for _, t in context.carry]
@@ -99,7 +103,7 @@ def rank_steps(packing: PackingConfig, seq_length: int, steps: int, rng, num_wor
                warmup: int = 0, mix=omni_mix) -> np.ndarray:
     """float [steps] cost of one rank's batches (batch size 1), its workers taking turns, after
     ``warmup`` steps."""
-    workers = [Worker(packing, seq_length, lambda n: mix(n, rng, seq_length), w, num_workers)
+    workers = [Worker(packing, seq_length, lambda n: (mix(n, rng, seq_length), False), w, num_workers)
                for w in range(num_workers)]
     streams = [_flat(w.buffers()) for w in workers]
     out = [next(streams[j % num_workers]) for j in range(warmup + steps)][warmup:]
@@ -113,19 +117,14 @@ def _flat(buffers: Iterator[list[Pack]]) -> Iterator[Pack]:
 
 def fill_of(packing: PackingConfig, seq_length: int, samples: list[tuple[int, int, int]]) -> float:
     """Token fill of one worker packing ``samples`` (``(tokens, vision patches, audio mel frames)``
-    each) as a stream of buffers, until every sample is in a pack (the last buffer: nothing carried)."""
-    items = [make_item(f"s{i}", *x) for i, x in enumerate(samples)]
-    packer = BufferPacker(packing, PACKERS.get(packing.algorithm), seq_length)
-    buffer, carried, density, planned, at = [], [], [0.0, 0], 0, 0
-    tokens = packs = 0
-    while buffer or at < len(items):
-        fresh = items[at:at + packing.buffer_size - len(buffer)]
-        at += len(fresh)
-        samples_in, times = buffer + fresh, carried + [0] * len(fresh)
-        context = BufferContext(list(times), at >= len(items), planned, 0, 1, 1, density)
-        out = packer(samples_in, times, context, seed=0)
-        buffer, carried = [s for s, _ in context.carry], [t for _, t in context.carry]
-        planned += len(out)
-        packs += len(out)
-        tokens += sum(s.cost for p in out for s in p)
-    return tokens / (packs * seq_length)
+    each) as a stream of buffers (:class:`Worker`), until every sample is in a pack."""
+    at = 0
+
+    def draw(n: int) -> tuple[list, bool]:
+        nonlocal at
+        out = samples[at:at + n]
+        at += len(out)
+        return out, at >= len(samples)
+
+    packs = [p for buffer in Worker(packing, seq_length, draw).buffers() for p in buffer]
+    return sum(p.tokens for p in packs) / (len(packs) * seq_length)

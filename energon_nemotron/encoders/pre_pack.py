@@ -93,9 +93,8 @@ class BufferPacker:
         budget = {k: options[k] for k in ("secondary", "secondary_capacity") if k in options}
         if cap is not None:
             budget = {"secondary": whole, "secondary_capacity": cap}
-        kept = [i for b in plan.bins for i in b]
         bins = separate_repeats(plan.bins, [source_id(s) for s in samples], costs, L, p.max_sequences_per_bin,
-                                **budget) if kept else []
+                                **budget)
         if p.balance is not None and p.balance.schedule and len(bins) > 1:
             where = (context.first_pack, context.worker, context.num_workers, context.batch_size) \
                 if context is not None else (0, 0, 1, 1)
