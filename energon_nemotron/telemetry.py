@@ -11,6 +11,9 @@ What a process counted is also kept in that process until it is *reported*
 worker's counts after its last batch) is ``unreported_totals``. A count travels with a batch once,
 and only the batches a consumer takes report it: a resumed run that re-reads what a worker had read
 ahead counts it once.
+
+``SharedGauge`` is the same kind of table for a level (each worker's latest value and its peak):
+the media bytes a worker's packing buffer holds.
 """
 
 from __future__ import annotations
@@ -20,6 +23,32 @@ from typing import Sequence
 
 import torch
 import torch.utils.data
+
+
+def _worker_row(rows: int) -> int:
+    """This process's row of a shared table of ``rows`` rows (0: the main process)."""
+    info = torch.utils.data.get_worker_info()
+    return 0 if info is None else min(info.id + 1, rows - 1)
+
+
+class SharedGauge:
+    """A level per worker process, shared across workers: its latest value and its peak."""
+
+    def __init__(self, num_workers: int = 0) -> None:
+        self.table = torch.zeros(num_workers + 1, 2, dtype=torch.int64).share_memory_()
+
+    def set(self, value: int) -> None:
+        row = self.table[_worker_row(self.table.shape[0])]
+        row[0] = int(value)
+        row[1] = max(int(row[1]), int(value))
+
+    def now(self) -> int:
+        """The sum of the workers' latest values."""
+        return int(self.table[:, 0].sum())
+
+    def peak(self) -> int:
+        """The largest value one worker reached."""
+        return int(self.table[:, 1].max())
 
 
 class SharedCounter:
@@ -34,8 +63,7 @@ class SharedCounter:
         self._pid = os.getpid()                     # a forked worker starts with none of its parent's
 
     def _row(self) -> int:
-        info = torch.utils.data.get_worker_info()
-        return 0 if info is None else min(info.id + 1, self.table.shape[0] - 1)
+        return _worker_row(self.table.shape[0])
 
     def add(self, name: str, n: int = 1) -> None:
         name = name if name in self.names else "other"

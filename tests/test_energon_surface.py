@@ -774,6 +774,67 @@ def test_packing_stage_carries_samples_into_the_next_buffer_and_saves_them(data)
     assert saved_class(saved) == "CarryingPackingDataset"
 
 
+
+class LeaveAllOut:
+    """A media-bytes policy for the packing stage that leaves every sample's bytes out (by key)."""
+
+    def __init__(self):
+        self.left, self.refilled, self.admitted = set(), [], []
+
+    def nbytes(self, sample):
+        return 0 if sample.__key__ in self.left else 1
+
+    def admits(self, nbytes, held, count):
+        return False
+
+    def leave_out(self, sample):
+        self.admitted.append(sample.__key__)
+        self.left.add(sample.__key__)
+
+    def is_light(self, sample):
+        return sample.__key__ in self.left
+
+    def refill(self, sample, fresh):
+        assert fresh.__key__ == sample.__key__ and fresh is not sample
+        self.refilled.append(sample.__key__)
+        return sample
+
+    def report(self, held):
+        assert held == 0
+
+
+def test_packing_stage_admits_each_sample_and_refills_it_through_energons_restore(data):
+    """With a ``held`` policy, each sample read or restored from a state passes its admission, and
+    one left out is read again by ``dataset.restore_sample`` of its restore key before the sample
+    encoder sees it; a state restored mid-stream admits its buffers' samples again."""
+    config = text_config(data.a, workers=0, packing={"algorithm": "first_fit_decreasing", "buffer_size": 5},
+                         seq_length=4096)
+
+    def build(held, state=None):
+        encoder = build_task_encoder(config)
+        encoder.held_media = held               # what its build_batch gives packing_stage
+        dataset = get_train_dataset(str(data.a), split_part="train", worker_config=WorkerConfig(
+            rank=0, world_size=1, num_workers=0), batch_size=1, task_encoder=encoder, shuffle_buffer_size=None,
+            max_samples_per_sequence=None, repeat=False, packing_buffer_size=5)
+        stage, = [n for n in nodes_of(dataset) if isinstance(n, CarryingPackingDataset)]
+        if state is not None:
+            stage.restore_state(state)
+        return dataset, stage
+
+    held = LeaveAllOut()
+    dataset, stage = build(held)
+    keys, state = [], None
+    for i, batch in enumerate(basic_loader(dataset)):
+        keys += keys_of(batch)
+        if i == 2:
+            state, done = stage.save_state(), len(keys)
+    assert sorted(keys) == sorted(data.keys_a)
+    assert sorted(held.admitted) == sorted(held.refilled) == sorted(data.keys_a)    # each once
+    again = LeaveAllOut()
+    dataset, stage = build(again, state)
+    rest = [k for batch in basic_loader(dataset) for k in keys_of(batch)]
+    assert rest == keys[done:] and sorted(again.refilled) == sorted(rest)
+
 def test_basic_loader_reads_a_built_dataset(data):
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
     loaded, = load_dataset(str(data.a)).get_datasets(training=False, split_part="train",
@@ -920,6 +981,8 @@ EXERCISED = {
     "test_packing_stage_carries_samples_into_the_next_buffer_and_saves_them": ["BufferContext",
                                                                                "CarryingPackingDataset",
                                                                                "packing_stage", "savable_fields"],
+    "test_packing_stage_admits_each_sample_and_refills_it_through_energons_restore": ["CarryingPackingDataset",
+                                                                                     "packing_stage"],
     "test_basic_loader_reads_a_built_dataset": ["basic_loader", "sample_index"],
     "test_guard_jsonl_lines_checks_each_line_before_energon_parses_it": ["guard_jsonl_lines"],
     "test_dss_paths_resolve_under_the_nvdataset_cache_dir": ["set_nvdataset_cache_dir"],

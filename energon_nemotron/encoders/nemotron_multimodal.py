@@ -29,6 +29,7 @@ from energon_nemotron.config import PackingConfig
 from energon_nemotron.cookers import build_cookers
 from energon_nemotron.cookers.media_sources import check_binding, media_scope
 from energon_nemotron.encoders.buffered import BufferTokenizer
+from energon_nemotron.encoders.held_media import HeldMedia
 from energon_nemotron.encoders.modalities import check_datasets, check_modalities, check_sample
 from energon_nemotron.encoders.one_pass import OnePassEnd, guard_source
 from energon_nemotron.encoders.options import NemotronMultimodalOptions, media_options
@@ -122,6 +123,8 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
             set_default_failure_tolerance(self, tolerance)
         self.buffer_packer = BufferPacker(packing, self.packer, o.seq_length, self.counters.packing) \
             if packing else None
+        self.held_media = HeldMedia(packing.max_buffer_bytes, packing.buffer_size, self.counters.packing,
+                                    self.counters.held) if packing and packing.max_buffer_bytes is not None else None
         self.output = batch_output(o.output)
         if self.output is not None:
             self.output.check_options(o)            # a configuration the consumer cannot take: now
@@ -291,8 +294,9 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
     # -- packing ---------------------------------------------------------------------------------
     def build_batch(self, dataset, *, batch_size, **kwargs):
         """Energon's batching stages, with this library's packing stage (``_energon.packing_stage``:
-        samples carried between buffers, the buffer's place in the step schedule)."""
-        with packing_stage(batch_size or 1):
+        samples carried between buffers, the buffer's place in the step schedule, media bytes held
+        within ``packing.max_buffer_bytes``: ``encoders.held_media``)."""
+        with packing_stage(batch_size or 1, self.held_media):
             return super().build_batch(dataset, batch_size=batch_size, **kwargs)
 
     def select_samples_to_pack(self, samples: list[EncodedSample], context: Any = None) -> list[list[EncodedSample]]:

@@ -6,7 +6,9 @@ tokenization).
 the over-length policy's skips, and every skip of ``on_error: skip`` through the error policy);
 ``decodes``: media decoded by modality (``media.handlers.MEDIA_COUNTERS``); ``lookups``: media found
 by basename in an aux source (``cookers.media_sources.LOOKUP_COUNTERS``); ``packing``: samples
-carried into a next buffer (:data:`PACKING_COUNTERS`). The four are shared
+carried into a next buffer and samples whose media were read again at pack time
+(:data:`PACKING_COUNTERS`); ``held``: the media bytes each worker's packing buffer holds
+(``telemetry.SharedGauge``; ``packing.max_buffer_bytes``). They are shared
 across ``DataLoader`` workers (``telemetry.SharedCounter``: build them for the loader's worker
 count before the workers start). :meth:`EncoderCounters.take_pending`: this process's skips not
 yet reported in a batch, which the encoder's ``batch`` attaches to the batch it makes
@@ -23,12 +25,13 @@ from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS
 from energon_nemotron.guards.policy import skip_counter
 from energon_nemotron.guards.skip_limits import record_pass
 from energon_nemotron.media.handlers import MEDIA_COUNTERS
-from energon_nemotron.telemetry import SharedCounter
+from energon_nemotron.telemetry import SharedCounter, SharedGauge
 
 __all__ = ["Runtime", "EncoderCounters", "NoCount", "PACKING_COUNTERS"]
 
-#: what the pre-packer counts (``encoders.pre_pack``): samples carried into a next buffer
-PACKING_COUNTERS = ("carried",)
+#: what the packing counts: samples carried into a next buffer (``encoders.pre_pack``), samples
+#: whose media bytes were left out of the buffer and read again for their pack (``encoders.held_media``)
+PACKING_COUNTERS = ("carried", "reread")
 
 
 class NoCount:
@@ -49,12 +52,14 @@ class EncoderCounters:
     decodes: Any = field(default_factory=lambda: SharedCounter(MEDIA_COUNTERS))
     lookups: Any = field(default_factory=lambda: SharedCounter(LOOKUP_COUNTERS))
     packing: Any = field(default_factory=lambda: SharedCounter(PACKING_COUNTERS))
+    held: Any = field(default_factory=SharedGauge)
 
     @classmethod
     def for_workers(cls, num_workers: int) -> "EncoderCounters":
         """Counters shared by ``num_workers`` ``DataLoader`` workers and the main process."""
         return cls(skip_counter(num_workers), SharedCounter(MEDIA_COUNTERS, num_workers),
-                   SharedCounter(LOOKUP_COUNTERS, num_workers), SharedCounter(PACKING_COUNTERS, num_workers))
+                   SharedCounter(LOOKUP_COUNTERS, num_workers), SharedCounter(PACKING_COUNTERS, num_workers),
+                   SharedGauge(num_workers))
 
     @classmethod
     def silent(cls, skipped: Optional[Any] = None) -> "EncoderCounters":

@@ -103,7 +103,7 @@ def _preview(config_path: str, batches: Optional[int], as_json: bool, color: str
     summary = {"batches": printed, "packs": packs, "samples": samples, "padding_rows": padding_rows,
                "dp_rank": o.dp_rank, "dp_size": o.dp_size, "split": o.split, "fill_ratio": round(t["fill_ratio"], 6),
                "tokens_per_s": round(t["tokens_per_s"]), "media_decoded": t["media_decoded"], "skipped": t["skipped"],
-               "carried": t["carried"], "step_cost": t["step_cost"], "read": read}
+               "carried": t["carried"], "step_cost": t["step_cost"], "buffer_bytes": t["buffer_bytes"], "read": read}
     if as_json:
         print(json.dumps({"summary": summary}), file=out)
     else:

@@ -199,9 +199,16 @@ def build_loader(cfg: LoaderConfig, validation: bool, repeat: bool) -> "Loader":
     inner = _energon_loader(cfg, src, validation, repeat, counters)
     loader = Loader(inner, fp, LoaderStats(counters.skipped, counters.decodes, log_every=cfg.loader.log_every,
                                            lookups=counters.lookups, packing=counters.packing,
-                                           cost=cost_model(cfg.packing) if cfg.packing else None))
+                                           cost=cost_model(cfg.packing) if cfg.packing else None,
+                                           buffer_bytes=_buffer_bytes(cfg, counters)))
     loader.layout, loader.recent = (cfg, repeat), RecentBatches(cfg.loader.num_workers)
     return loader
+
+
+def _buffer_bytes(cfg: LoaderConfig, counters: EncoderCounters) -> Optional[tuple]:
+    """What the loader's telemetry reports of ``packing.max_buffer_bytes``: (gauge, budget), or None."""
+    budget = cfg.packing.max_buffer_bytes if cfg.packing else None
+    return None if budget is None else (counters.held, int(budget))
 
 
 class Loader:

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from energon_nemotron.packing.balance import CostModel
-from energon_nemotron.telemetry import SharedCounter
+from energon_nemotron.telemetry import SharedCounter, SharedGauge
 
 log = logging.getLogger("energon_nemotron")
 
@@ -39,10 +39,12 @@ class LoaderStats:
 
     def __init__(self, skips: SharedCounter, decodes: Optional[SharedCounter], pad_id: Optional[int] = None,
                  log_every: int = 0, lookups: Optional[SharedCounter] = None,
-                 packing: Optional[SharedCounter] = None, cost: Optional[CostModel] = None) -> None:
+                 packing: Optional[SharedCounter] = None, cost: Optional[CostModel] = None,
+                 buffer_bytes: Optional[tuple[SharedGauge, int]] = None) -> None:
         self.skips, self.decodes, self.pad_id, self.log_every = skips, decodes, pad_id, log_every
         self.lookups = lookups      # media found by basename in an aux source (cookers.media_sources)
-        self.packing = packing      # samples carried into a next buffer (encoders.pre_pack)
+        self.packing = packing      # samples carried into a next buffer (encoders.pre_pack), read again
+        self.buffer_bytes = buffer_bytes   # (gauge, budget per worker): packing.max_buffer_bytes
         self.cost = cost            # the packing's cost model: this rank's step costs (None: not counted)
         self.cost_sum = self.cost_max = 0.0
         self.batches = self.rows = self.samples = self.tokens = self.positions = 0
@@ -87,8 +89,17 @@ class LoaderStats:
                 "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "seconds": seconds,
                 "media_decoded": media, "audio_truncated": truncated, "basename_fallback": fallback,
                 "carried": self.packing.totals().get("carried", 0) if self.packing is not None else 0,
-                "step_cost": self._step_cost(),
+                "step_cost": self._step_cost(), "buffer_bytes": self._buffer_bytes(),
                 "skipped": self.skipped()}
+
+    def _buffer_bytes(self) -> dict:
+        """The media bytes the packing buffers hold (all workers now, one worker's peak), the budget
+        per worker and the samples read again; {} without ``packing.max_buffer_bytes``."""
+        if self.buffer_bytes is None:
+            return {}
+        gauge, budget = self.buffer_bytes
+        reread = self.packing.totals().get("reread", 0) if self.packing is not None else 0
+        return {"held": gauge.now(), "peak_per_worker": gauge.peak(), "budget_per_worker": budget, "reread": reread}
 
     def _step_cost(self) -> dict:
         """This rank's step costs so far (``batch_cost``, row positions): mean, and max ÷ mean (the
@@ -105,6 +116,10 @@ class LoaderStats:
         truncated = f" ({d['audio_truncated']} audio truncated)" if d["audio_truncated"] else ""
         fallback = f" | media found by basename: {d['basename_fallback']}" if d["basename_fallback"] else ""
         carried = f" | carried {d['carried']}" if d["carried"] else ""
+        b = d["buffer_bytes"]
+        if b:
+            carried += (f" | buffer media {b['peak_per_worker'] / 2**20:,.0f} of {b['budget_per_worker'] / 2**20:,.0f} "
+                        f"MiB per worker, reread {b['reread']}")
         return (f"batches {d['batches']} | packs {d['packs']} | samples {d['samples']} | fill {d['fill_ratio']:.2%} | "
                 f"{d['tokens_per_s']:,.0f} tokens/s | media decoded: {media}{truncated}{fallback}{carried} | "
                 f"skipped: {skipped}")

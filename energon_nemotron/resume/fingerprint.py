@@ -28,8 +28,8 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
     """Everything that changes the stream of batches: data (paths, split, and per file that shapes an
     Energon source a ``"{split} file {path}"`` sha256: metadataset YAMLs, each dataset's dataset.yaml,
     split.yaml, .info, index.uuid or .jsonl.idx), the media roots (when set: they change which files
-    are read), cookers, task encoder and options, packing, tokenizer files, loader settings, rank
-    layout, seed, library version."""
+    are read), cookers, task encoder and options, packing (but ``max_buffer_bytes``), tokenizer
+    files, loader settings, rank layout, seed, library version."""
     def source(src) -> Any:
         if src is None:
             return None
@@ -58,7 +58,8 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
         # only when set, so that states saved without roots keep their fingerprint
         **({"media_roots": [str(Path(p).resolve()) for p in cfg.data.media_roots]} if cfg.data.media_roots else {}),
         "task_encoder": cfg.task_encoder.model_dump(mode="json"),
-        "packing": cfg.packing.model_dump(mode="json") if cfg.packing else None,
+        # the media bytes bound never changes the stream: a run may resume under another one
+        "packing": cfg.packing.model_dump(mode="json", exclude={"max_buffer_bytes"}) if cfg.packing else None,
         "tokenizer": file_digest(*tok.glob("*")) if tok.is_dir() else str(tok),
         # logging, the skip limits (which only stop a broken run) and how workers run (prefetch,
         # checkpoint period, watchdog, garbage collection, cache pool) never change the stream
