@@ -25,6 +25,21 @@ def fixture_rows() -> list[dict]:
     return [json.loads(line) for line in (MEGATRON_FIXTURES / "train.jsonl.packed").read_text().splitlines()]
 
 
+@pytest.fixture
+def quick_worker_shutdown(monkeypatch):
+    """For modules that drop loaders with workers mid-epoch (``pytestmark = pytest.mark.usefixtures(
+    "quick_worker_shutdown")``): PyTorch waits MP_STATUS_CHECK_INTERVAL (5 s) for each busy worker
+    before terminating it; a shorter wait keeps them fast (the stream is unchanged). The test's
+    dropped loaders are collected while the shorter wait holds."""
+    import gc
+
+    import torch.utils.data._utils as torch_data_utils
+
+    monkeypatch.setattr(torch_data_utils, "MP_STATUS_CHECK_INTERVAL", 0.3)
+    yield
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def fixture_tokenizer():
     from transformers import AutoTokenizer

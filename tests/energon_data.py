@@ -58,3 +58,12 @@ def tar_keys(keys) -> list[str]:
     """The tars' own keys of ``keys`` shown as ``DATASET/SHARD.tar:KEY``, in order (an error for a
     key that names no tar shard)."""
     return [key.split(".tar:", 1)[1] for key in keys]
+
+
+def rest_after(config, state) -> list:
+    """The batches a fresh one-pass loader of ``config`` yields after restoring ``state``."""
+    from energon_nemotron.loading import build_train_loader
+
+    loader = build_train_loader(config, repeat=False)
+    loader.load_state_dict(state)
+    return list(loader)

@@ -8,16 +8,14 @@ switches that turn each part off.
 
 from __future__ import annotations
 
-import gc
 import math
 import random
 from collections import Counter
 
 import pytest
 import torch
-import torch.utils.data._utils as torch_data_utils
 
-from energon_data import text_config
+from energon_data import rest_after, text_config
 from energon_nemotron._energon import batch_worker
 from energon_nemotron.config import PackingConfig
 from energon_nemotron.demo.datasets import text_dataset
@@ -29,12 +27,7 @@ from energon_nemotron.packing.balance import GOLDEN, CarryRule, CostDensity, Cos
 N = 40
 
 
-@pytest.fixture(autouse=True)
-def quick_worker_shutdown(monkeypatch):
-    """Loaders are dropped mid-epoch here: a shorter wait for busy workers keeps the module fast."""
-    monkeypatch.setattr(torch_data_utils, "MP_STATUS_CHECK_INTERVAL", 0.3)
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("quick_worker_shutdown")
 
 
 # -- the pure parts ---------------------------------------------------------------------------------
@@ -171,9 +164,7 @@ def test_exact_resume_from_every_point_with_carried_samples_pending(data, worker
             pending.append(bool(stage._carried))
     points = range(len(batches)) if workers == 0 else range(0, len(batches), 3)
     for k in points:
-        again = build_train_loader(cfg, repeat=False)
-        again.load_state_dict(states[k])
-        rest = list(again)
+        rest = rest_after(cfg, states[k])
         assert len(rest) == len(batches) - k and all(same(a, b) for a, b in zip(rest, batches[k:])), k
     assert whole.telemetry()["carried"] > 0
     assert workers or sum(pending) >= 2          # several of the states hold carried samples

@@ -5,12 +5,10 @@ the epoch exactly, at an early point, mid-epoch and in the epoch's last buffer."
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 
 import numpy as np
 import pytest
-import torch.utils.data._utils as torch_data_utils
 
 from energon_data import text_config
 from energon_nemotron.demo.datasets import text_dataset
@@ -24,13 +22,7 @@ N = 48
 SHUFFLE, PACK = 8, 6
 
 
-@pytest.fixture(autouse=True)
-def quick_worker_shutdown(monkeypatch):
-    """Loaders are dropped mid-epoch here: PyTorch waits MP_STATUS_CHECK_INTERVAL (5 s) for each
-    busy worker before terminating it; a shorter wait keeps the module fast (the stream is unchanged)."""
-    monkeypatch.setattr(torch_data_utils, "MP_STATUS_CHECK_INTERVAL", 0.3)
-    yield
-    gc.collect()                      # the test's dropped loaders go while the shorter wait holds
+pytestmark = pytest.mark.usefixtures("quick_worker_shutdown")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import gc
 import importlib
 import inspect
 import json
@@ -28,7 +27,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch.utils.data._utils as torch_data_utils
 import yaml
 
 import megatron.energon
@@ -238,13 +236,7 @@ def test_check_version_holds_the_supported_range():
 
 # -- real datasets and loaders -----------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def quick_worker_shutdown(monkeypatch):
-    """Loaders with a worker are dropped mid-epoch here: PyTorch waits MP_STATUS_CHECK_INTERVAL (5 s)
-    for a busy worker before terminating it; a shorter wait keeps the module fast."""
-    monkeypatch.setattr(torch_data_utils, "MP_STATUS_CHECK_INTERVAL", 0.3)
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("quick_worker_shutdown")
 
 
 @pytest.fixture(scope="module")

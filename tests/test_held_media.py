@@ -9,14 +9,12 @@ held within the budget by telemetry (also right after a restore), and the config
 
 from __future__ import annotations
 
-import gc
 import random
 from collections import Counter
 
 import pytest
-import torch.utils.data._utils as torch_data_utils
 
-from energon_data import text_config
+from energon_data import rest_after, text_config
 from energon_nemotron.config import PackingConfig
 from energon_nemotron.demo.datasets import multimodal_dataset
 from energon_nemotron.encoders.held_media import HeldMedia, LeftOut
@@ -29,12 +27,7 @@ from energon_nemotron.types import EncodedSample, MediaRef
 N = 30
 
 
-@pytest.fixture(autouse=True)
-def quick_worker_shutdown(monkeypatch):
-    """Loaders are dropped mid-epoch here: a shorter wait for busy workers keeps the module fast."""
-    monkeypatch.setattr(torch_data_utils, "MP_STATUS_CHECK_INTERVAL", 0.3)
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("quick_worker_shutdown")
 
 
 # -- the rule and the payloads ----------------------------------------------------------------------
@@ -160,8 +153,8 @@ def test_exact_resume_from_every_point_with_media_left_out(data, workers):
         again.load_state_dict(states[k])
         rest = list(again)
         assert len(rest) == len(plain) - k and all(batches_equal(a, b) for a, b in zip(rest, plain[k:])), k
-        t = again.telemetry()["buffer_bytes"]
-        assert t["peak_per_worker"] <= t["budget_per_worker"], (k, t)   # the restored buffers are admitted too
+        t = again.telemetry()["buffer_bytes"]       # the restored buffers are admitted too
+        assert t["peak_per_worker"] <= t["budget_per_worker"], (k, t)
 
 
 def test_a_run_resumes_under_another_bound(data):
@@ -173,9 +166,7 @@ def test_a_run_resumes_under_another_bound(data):
         it = iter(first)
         for _ in range(3):
             next(it)
-        again = build_train_loader(config(root, 0, restored_bound), repeat=False)
-        again.load_state_dict(first.state_dict())
-        rest = list(again)
+        rest = rest_after(config(root, 0, restored_bound), first.state_dict())
         assert len(rest) == len(plain) - 3 and all(batches_equal(a, b) for a, b in zip(rest, plain[3:]))
 
 
