@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import gc
 import importlib
 import inspect
 import json
@@ -941,10 +942,42 @@ def test_name_watchdog_timeouts_gives_energons_watchdog_our_message(monkeypatch)
         WatchdogDataset._watchdog_trigger(watched)
 
 
+
+def _watchdog_threads() -> list:
+    import threading
+
+    from megatron.energon.watchdog import Watchdog
+
+    return [t for t in threading.enumerate() if isinstance(getattr(getattr(t, "_target", None), "__self__", None),
+                                                            Watchdog)]
+
+
+def test_stop_watchdog_threads_ends_each_passs_watchdog_thread(data):
+    """Energon's ``WatchdogDataset`` iteration starts a watchdog thread; with the patch it ends when
+    the iteration ends: a pass read to its end, and a pass abandoned after one batch."""
+    from energon_nemotron._energon import stop_watchdog_threads
+
+    stop_watchdog_threads()
+    stop_watchdog_threads()                                   # idempotent
+    before = set(_watchdog_threads())
+    for batches in (None, 1):
+        loader = build_train_loader(text_config(data.a, workers=0, packing=None), repeat=False)
+        it = iter(loader)
+        for _ in range(batches) if batches else iter(int, 1):
+            if next(it, None) is None:
+                break
+        assert set(_watchdog_threads()) - before                  # watched while it iterates
+        del it, loader
+        gc.collect()
+        for t in set(_watchdog_threads()) - before:
+            t.join(timeout=5)
+        assert not set(_watchdog_threads()) - before, batches
+
 # -- every accessor is exercised ------------------------------------------------------------------
 
 EXERCISED = {
     "test_name_watchdog_timeouts_gives_energons_watchdog_our_message": ["name_watchdog_timeouts"],
+    "test_stop_watchdog_threads_ends_each_passs_watchdog_thread": ["stop_watchdog_threads"],
     "test_check_version_holds_the_supported_range": ["SUPPORTED", "check_version"],
     "test_tree_leaves_readers_and_worker_slices": ["LEAF", "inner_datasets", "is_leaf", "leaf_size",
                                                    "leaf_readers", "reader_location", "reader_jsonl",

@@ -1,5 +1,6 @@
 """Behaviours of Energon adjusted from outside: its error prints, its per-worker shard lines and
-buffer-filling bars (the quiet default), the parsing of JSONL lines, and its watchdog's message."""
+buffer-filling bars (the quiet default), the parsing of JSONL lines, and its watchdog's message and
+thread."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Callable
 import megatron.energon.errors as _errors
 import megatron.energon.flavors.webdataset.base_webdataset as _base_webdataset
 import megatron.energon.wrappers.watchdog_dataset as _watchdog_dataset
+from megatron.energon.watchdog import Watchdog
 from megatron.energon.wrappers.packing_dataset import PackingDataset
 from megatron.energon.flavors.jsonl.crude_jsonl_dataset import DefaultCrudeJsonlDatasetFactory
 
@@ -98,3 +100,30 @@ def name_watchdog_timeouts(describe: Callable[[float], str]) -> None:
         warnings.warn(message, RuntimeWarning)
 
     _watchdog_dataset.WatchdogDataset._watchdog_trigger = trigger
+
+
+_STOP_MARK = "_energon_nemotron_stops"
+
+
+def stop_watchdog_threads() -> None:
+    """Energon's ``WatchdogDataset`` starts a ``Watchdog`` (a daemon thread that wakes every
+    second) for each iteration and never stops it: a process that iterates loaders without workers
+    keeps one more thread per pass, and every worker it forks later is forked beside them. Its
+    ``watch_iter`` (used only there) now stops its watchdog's thread when the iteration ends
+    (exhausted, closed or failed), as ``Watchdog.finish`` does but without joining it (a close at
+    interpreter exit must not wait on a daemon thread). Idempotent."""
+    current = Watchdog.watch_iter
+    if getattr(current, _STOP_MARK, False):
+        return
+
+    def watch_iter(self, iterable):
+        try:
+            yield from current(self, iterable)
+        finally:
+            with self._cv:
+                self._stop = True
+                self._cv.notify_all()
+
+    setattr(watch_iter, _STOP_MARK, True)
+    watch_iter.__doc__ = current.__doc__
+    Watchdog.watch_iter = watch_iter

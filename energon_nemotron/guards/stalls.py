@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch.utils.data
 
-from energon_nemotron._energon import name_watchdog_timeouts
+from energon_nemotron._energon import name_watchdog_timeouts, stop_watchdog_threads
 from energon_nemotron.errors import LoaderError
 from energon_nemotron.telemetry import last_begun
 
@@ -36,8 +36,10 @@ def describe_stall(timeout: float) -> str:
 
 
 def install() -> None:
-    """Energon's watchdog says :func:`describe_stall` (idempotent)."""
+    """Energon's watchdog says :func:`describe_stall`, and its thread ends with the iteration it
+    watches (idempotent)."""
     name_watchdog_timeouts(describe_stall)
+    stop_watchdog_threads()
 
 
 def worker_exit_error(error: BaseException) -> Optional[LoaderError]:
