@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -954,24 +955,28 @@ def _watchdog_threads() -> list:
 
 def test_stop_watchdog_threads_ends_each_passs_watchdog_thread(data):
     """Energon's ``WatchdogDataset`` iteration starts a watchdog thread; with the patch it ends when
-    the iteration ends: a pass read to its end, and a pass abandoned after one batch."""
+    the iteration ends: a pass read to its end, and a pass abandoned after one batch. The thread is
+    seen while the pass is open (after its first batch), and its end is waited for with a bound."""
     from energon_nemotron._energon import stop_watchdog_threads
 
     stop_watchdog_threads()
     stop_watchdog_threads()                                   # idempotent
-    before = set(_watchdog_threads())
-    for batches in (None, 1):
+    for read_to_end in (True, False):
+        before = set(_watchdog_threads())
         loader = build_train_loader(text_config(data.a, workers=0, packing=None), repeat=False)
         it = iter(loader)
-        for _ in range(batches) if batches else iter(int, 1):
-            if next(it, None) is None:
-                break
-        assert set(_watchdog_threads()) - before                  # watched while it iterates
+        assert next(it, None) is not None
+        watching = set(_watchdog_threads()) - before
+        assert watching, "no watchdog thread while the pass is open"
+        if read_to_end:
+            for _ in it:
+                pass
         del it, loader
         gc.collect()
-        for t in set(_watchdog_threads()) - before:
-            t.join(timeout=5)
-        assert not set(_watchdog_threads()) - before, batches
+        deadline = time.monotonic() + 30                      # a bound, not a guess at its timing
+        for t in watching:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not [t for t in watching if t.is_alive()], f"read_to_end={read_to_end}"
 
 # -- every accessor is exercised ------------------------------------------------------------------
 
