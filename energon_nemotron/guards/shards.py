@@ -118,9 +118,9 @@ def jsonl_problem(path: Path) -> Optional[str]:
     return None
 
 
-def split_shards(leaf: Any) -> tuple[str, list[tuple[str, int]]]:
-    """(info file name, [(shard name, count)]) of a prepared folder's split, as Energon selects them:
-    the split file's names brace-expanded, minus ``exclude``. Raises ``DatasetError``."""
+def _read_split(leaf: Any) -> tuple[Path, str, dict, Path, dict, set]:
+    """(metadata folder, info file name, its shard counts, split file, its ``split_parts``, the
+    excluded names brace-expanded) of a prepared folder. Raises ``DatasetError``."""
     import braceexpand
 
     meta = Path(leaf.path) / META
@@ -128,22 +128,50 @@ def split_shards(leaf: Any) -> tuple[str, list[tuple[str, int]]]:
         info, counts = info_counts(meta)
     except Exception as e:
         raise DatasetError(f"{meta}: the .info file cannot be read ({type(e).__name__}: {e})") from None
-    name = leaf.split_config
-    file = split_file(meta, name)
+    file = split_file(meta, leaf.split_config)
     try:
         splits = json.loads(file.read_text()) if file.suffix == ".json" else load_yaml_file(file)
         parts, exclude = splits["split_parts"], splits.get("exclude") or []
     except Exception as e:
         raise DatasetError(f"{file}: the split file cannot be read ({type(e).__name__}: {e})") from None
+    return meta, info, counts, file, parts, {n for e in exclude for n in braceexpand.braceexpand(e)}
+
+
+def _names(parts: dict, split: str, excluded: set) -> list[str]:
+    """The shard names of split part ``split``, as Energon selects them (brace-expanded, minus ``excluded``)."""
+    import braceexpand
+
+    return [n for pattern in parts.get(split) or [] for n in braceexpand.braceexpand(pattern) if n not in excluded]
+
+
+def split_shards(leaf: Any) -> tuple[str, list[tuple[str, int]]]:
+    """(info file name, [(shard name, count)]) of a prepared folder's split, as Energon selects them:
+    the split file's names brace-expanded, minus ``exclude``. Raises ``DatasetError``."""
+    meta, info, counts, file, parts, excluded = _read_split(leaf)
     if leaf.split not in parts:
         raise DatasetError(f"{file}: no split part {leaf.split!r} (parts: {', '.join(parts)}); set the data "
                            "source's split")
-    excluded = {n for e in exclude for n in braceexpand.braceexpand(e)}
-    names = [n for pattern in parts[leaf.split] or [] for n in braceexpand.braceexpand(pattern) if n not in excluded]
+    names = _names(parts, leaf.split, excluded)
     missing = [n for n in names if n not in counts]
     if missing:
         raise DatasetError(f"{file} lists shards that {meta / info} does not count: {', '.join(missing[:5])}")
     return info, [(n, counts[n]) for n in names]
+
+
+def empty_split(leaf: Any) -> Optional[str]:
+    """Why a prepared folder's split has nothing to read, naming the dataset, the split and the
+    splits that have shards (None: it has shards, or the split file is wrong in another way, which
+    :func:`leaf_problems` reports). Energon would raise its bare ``EmptyDatasetError``."""
+    try:
+        _, _, _, file, parts, excluded = _read_split(leaf)
+    except DatasetError:
+        return None
+    if leaf.split not in parts or _names(parts, leaf.split, excluded):
+        return None
+    sizes = {name: len(_names(parts, name, excluded)) for name in parts}
+    full = [f"{name} ({n} shard{'s' if n != 1 else ''})" for name, n in sizes.items() if n]
+    where = f"splits with shards: {', '.join(full)}" if full else "no split has shards"
+    return f"{leaf.path}: split {leaf.split!r} has no shards ({file.name} lists none for it; {where})"
 
 
 def leaf_problems(leaf: Any) -> list[str]:

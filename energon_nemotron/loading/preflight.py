@@ -2,7 +2,7 @@
 
 :func:`check_source_path` (a source's ``path``) and :func:`check_media_roots` (``data.media_roots``)
 name the config field; :func:`check_source` walks an Energon source (``guards.source_tree``):
-every referenced dataset exists and is prepared; every leaf's merged subflavors name a registered
+every referenced dataset exists and is prepared, and its split has shards; every leaf's merged subflavors name a registered
 cooker (or ``data.default_cooker`` applies) and hold only keys that cooker reads, with values of the
 declared type (``cookers.subflavors``); every shard and index agrees with ``.info``
 (``guards.shards``).
@@ -18,7 +18,7 @@ from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.cookers.subflavors import subflavor_problems
 from energon_nemotron.errors import ConfigError, DatasetError
 from energon_nemotron.guards.energon_files import META, unprepared
-from energon_nemotron.guards.shards import leaf_problems
+from energon_nemotron.guards.shards import empty_split, leaf_problems
 from energon_nemotron.guards.source_tree import Tree, walk
 
 #: problems listed in one error (the rest counted)
@@ -74,12 +74,27 @@ def cooker_selection(data: DataConfig) -> CookerSelection:
     return CookerSelection(rules, data.default_cooker)
 
 
+def _check_splits(path: Path, tree: Tree) -> None:
+    """A one-line ``ConfigError`` when a prepared folder's split has no shards (Energon's bare
+    ``EmptyDatasetError`` otherwise), naming the dataset, the split, the splits that have shards and
+    the fix."""
+    empty = [(leaf, why) for leaf in tree.leaves if leaf.kind == "webdataset" for why in [empty_split(leaf)] if why]
+    if empty:
+        leaf = empty[0][0]
+        redo = f"energon-nemotron prepare {leaf.path} --cooker {leaf.subflavors.get('cooker') or 'NAME'} " \
+               "--reindex --split-ratio 8,1,1"
+        within = "" if all(Path(leaf.path) == Path(path) for leaf, _ in empty) else f"the data source {path}: "
+        raise ConfigError(within + "; ".join(why for _, why in empty)
+                          + f"; set the source's split to one that has shards, or split the shards again (`{redo}`)")
+
+
 def check_source(path: Path, split: str, data: Optional[DataConfig] = None) -> Tree:
     """Check an Energon source before it is read (see the module docstring): a ``ConfigError`` for
     the tree or the subflavors, a ``DatasetError`` for damaged shards or indexes; the walked tree.
     ``data``: the config's data section (its cooker rules and ``other_subflavors``; None: defaults)."""
     tree = walk(Path(path), split)
     _raise(ConfigError, f"the data source {path} cannot be read", tree.problems)
+    _check_splits(path, tree)
     cooked = [leaf for leaf in tree.leaves if leaf.kind != "remote" and not leaf.joined]
     selection = CookerSelection() if data is None else cooker_selection(data)
     other = "error" if data is None else data.other_subflavors

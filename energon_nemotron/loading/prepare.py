@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import io
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -104,12 +105,47 @@ def _with_cooker(path: Path, cooker: str) -> dict:
     return {**meta, "subflavors": {**subflavors, "cooker": cooker}}
 
 
+def _unwritable(folder: Path, why: str) -> Optional[str]:
+    """Why ``folder`` cannot take new files (a probe file is made and removed: a read-only mount,
+    permissions, a full disk), naming it and ``why`` prepare writes there; None: it can."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as e:
+        return f"{folder}: cannot write there ({e.strerror or type(e).__name__}), and prepare writes {why} there"
+
+
+def check_writable(folder: Path, shards: tuple[str, ...] = ()) -> None:
+    """A ``ConfigError`` unless prepare can write what it writes: ``.nv-meta/`` (``folder`` itself
+    when it has none yet) and, to index ``shards`` (paths relative to ``folder``), an ``.idx`` beside
+    each; checked before Energon runs, which would log a traceback per shard and then fail."""
+    meta = folder / META
+    needed = {meta: "the dataset's metadata (dataset.yaml, and its index and split files when it indexes)"} \
+        if meta.is_dir() else {folder: f"the dataset's metadata folder {META}/"}
+    for parent in sorted({(folder / s).parent for s in shards}):
+        needed.setdefault(parent, "each shard's index (SHARD.tar.idx)")
+    for path, why in needed.items():
+        problem = _unwritable(path, why)
+        if problem:
+            raise ConfigError(f"{problem}; make it writable, or copy the dataset to a writable folder and prepare "
+                              "the copy")
+
+
+def _write(path: Path, meta: dict) -> None:
+    """Write dataset.yaml ``path``; an ``OSError`` is a ``ConfigError`` naming the file."""
+    try:
+        path.write_text(yaml.safe_dump(meta, sort_keys=False), encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write it ({e.strerror or type(e).__name__}); make {path.parent} writable, "
+                          "or copy the dataset to a writable folder and prepare the copy") from None
+
+
 def set_cooker(folder: Path, cooker: str) -> Path:
     """Write ``subflavors.cooker`` into ``folder``'s ``.nv-meta/dataset.yaml`` (a crude dataset's
     one when there is none yet), keeping every other key; returns the file."""
     path = Path(folder) / META / "dataset.yaml"
     meta = _with_cooker(path, check_cooker(cooker))
-    path.write_text(yaml.safe_dump(meta, sort_keys=False), encoding="utf-8")
+    _write(path, meta)
     return path
 
 
@@ -163,6 +199,7 @@ def _index_folder(folder: Path, options: PrepareOptions) -> str:
     if not shards:
         raise ConfigError(f"{folder}: no .tar shards in it or below it; write the samples as WebDataset "
                           "tar shards first (docs/tutorial.md)")
+    check_writable(folder, tuple(shards))
     return _energon_prepare(BaseWebdatasetFactory.prepare_dataset, folder, shards, shuffle_seed=None,
                             workers=options.workers, progress_fn=_progress(options.progress), **splits)[1]
 
@@ -173,10 +210,11 @@ def _prepare_folder(folder: Path, cooker: str, options: PrepareOptions) -> Prepa
         raise ConfigError(f"{folder} is prepared already: add --reindex to index and split its shards again")
     dataset_yaml = folder / META / "dataset.yaml"
     meta = _with_cooker(dataset_yaml, cooker)               # checked before Energon writes anything
+    check_writable(folder)
     output = ""
     if options.reindex or not indexed:
         output = _index_folder(folder, options)
-    dataset_yaml.write_text(yaml.safe_dump(meta, sort_keys=False), encoding="utf-8")
+    _write(dataset_yaml, meta)
     counts = info_counts(folder / META)[1]
     return Prepared(folder, cooker, jsonl=False, indexed=options.reindex or not indexed,
                     samples=sum(counts.values()), shards=len(counts), energon_output=output)
@@ -193,6 +231,9 @@ def prepare_dataset(path: Path, cooker: str, options: PrepareOptions = PrepareOp
         if options.split_ratio is not None or options.split_parts or options.reindex:
             raise ConfigError(f"{path}: a .jsonl file has no shards to split (--split-ratio, --split-parts "
                               "and --reindex apply to a folder)")
+        problem = _unwritable(path.parent, f"the file's index ({path.name}.idx)")
+        if problem:
+            raise ConfigError(f"{problem}; make it writable, or copy the file to a writable folder and prepare the copy")
         count, output = _energon_prepare(CrudeJsonlDatasetFactory.prepare_dataset, path)
         return Prepared(path, cooker, jsonl=True, indexed=True, samples=int(count), energon_output=output)
     if not path.exists():
