@@ -127,6 +127,8 @@ def test_a_second_run_on_one_output_is_refused_naming_the_holder(tmp_path):
         assert f"another pack-megatron run is writing it (pid {os.getpid()} on " in res.stdout, res.stdout + res.stderr
         assert not out.exists()
     assert pack_file(raw, out, enc, progress=False).rows > 0 and out.is_file()
+    left = (tmp_path / "o.jsonl.packed.lock").read_text().splitlines()  # a finished run's lock file says what it is
+    assert left[0].startswith("pid ") and "released lock" in left[1] and "flock" in left[1], left
     with pytest.raises(ConfigError, match="another pack-megatron run"):
         with output_lock(out):
             with output_lock(out):                     # a second lock, even in one process, is refused
