@@ -47,7 +47,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, BufferContext
                                        inner_datasets, is_leaf, is_loader_state, is_no_cooker_error,
                                        is_weighted_blend_error, is_worker_checkpoint, is_wrapper, leaf_epoch,
                                        leaf_readers, leaf_shuffle_over_epochs, leaf_size, leaf_worker_slices,
-                                       load_yaml, names_samples, quiet_error_prints, quiet_progress, raw_sample_key, set_nvdataset_cache_dir,
+                                       load_yaml, names_samples, one_line_shard_failures, quiet_error_prints, quiet_progress, raw_sample_key, set_nvdataset_cache_dir,
                                        read_leaf_sample, reader_jsonl, reader_location, reader_position,
                                        sample_index, sample_refs, savable_fields, saved_class, saved_inner,
                                        saved_leaf_epoch, saved_leaf_slices, saves, set_default_failure_tolerance,
@@ -590,6 +590,36 @@ def test_stage_error_context_hands_errors_to_the_handler():
             raise ValueError("x")
 
 
+def test_one_line_shard_failures_turns_energons_per_shard_traceback_into_a_line(tmp_path):
+    """Energon's real prepare, one forked indexing process, a shard that is no tar: the record its
+    logger writes is one line with the cause inside the block, and Energon's traceback after it."""
+    import logging
+
+    from megatron.energon import BaseWebdatasetFactory
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bad.tar").write_bytes(bytes(range(256)) * 8)
+    logger = logging.getLogger("megatron.energon.flavors.webdataset.prepare")   # written in the forked process
+
+    def prepare(log: Path) -> list[str]:
+        handler = logging.FileHandler(log)
+        logger.addHandler(handler)
+        try:
+            with pytest.raises((SystemExit, Exception)):
+                BaseWebdatasetFactory.prepare_dataset(tmp_path / "data", ["bad.tar"], split_parts_ratio=[("train", 1.0)],
+                                                      shuffle_seed=None, workers=1, progress_fn=lambda it, length=None: it)
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
+        return log.read_text().splitlines()
+
+    with one_line_shard_failures():
+        lines = prepare(tmp_path / "inside.log")
+    assert len(lines) == 1 and lines[0].startswith("Shard failed to load: 'bad.tar' (ReadError: "), lines
+    after = prepare(tmp_path / "after.log")
+    assert after[0] == "Shard failed to load: 'bad.tar'. Skipping it." and "Traceback" in after[1], after
+
+
 def test_quiet_error_prints(monkeypatch, capsys):
     def fail_twice():
         context = stage_error_context("surface.quiet", lambda *a: None, 0)
@@ -1005,6 +1035,7 @@ EXERCISED = {
     "test_stage_error_context_hands_errors_to_the_handler": ["stage_error_context"],
     "test_quiet_error_prints": ["quiet_error_prints", "stage_error_context"],
     "test_quiet_progress_drops_the_shard_lines_and_the_buffer_bar": ["quiet_progress"],
+    "test_one_line_shard_failures_turns_energons_per_shard_traceback_into_a_line": ["one_line_shard_failures"],
     "test_dataset_hook_sees_each_dataset_once": ["DatasetHook", "basic_loader"],
     "test_build_errors_are_recognised_from_energon": ["is_weighted_blend_error", "is_no_cooker_error"],
     "test_saves_declares_what_energon_saves_and_restores": ["saves", "WrapperDataset", "savable_fields"],

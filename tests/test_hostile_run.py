@@ -164,3 +164,16 @@ def test_a_metadataset_leaf_with_an_empty_split_is_named_within_the_source(prepa
     with pytest.raises(ConfigError) as e:
         build_train_loader(loader_config(mix, 0, split="train"))
     assert str(e.value).startswith(f"the data source {mix}: " + expected_empty_split(prepared)), e.value
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_prepare_of_an_unreadable_shard_says_so_in_one_line_per_shard(prepared, tmp_path, workers):
+    raw = raw_copy(prepared, tmp_path / "raw")
+    (raw / "parts" / "data-1.tar").write_bytes(bytes(range(256)) * 80)       # not a tar in any compression
+    res = subprocess.run([*CLI, "prepare", str(raw), "--cooker", "openai_messages", "--num-workers", str(workers),
+                          "--no-progress"], capture_output=True, text=True, timeout=300)
+    said = (res.stdout + res.stderr).strip()
+    assert res.returncode == 2 and "Traceback" not in said, said[-3000:]
+    shard, error = said.splitlines()
+    assert shard.startswith("Shard failed to load: 'parts/data-1.tar' (ReadError: ") and "invalid header" in shard
+    assert error == f"error: {raw}: Energon's prepare stopped: Shard parts/data-1.tar has no samples.", said

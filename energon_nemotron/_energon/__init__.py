@@ -18,8 +18,8 @@ from energon_nemotron._energon.files import (add_source_info, entry_size, filesy
                                              set_nvdataset_cache_dir, store_entry_names, store_kind, store_local_base,
                                              webdataset_entry)
 from energon_nemotron._energon.packing_stage import BufferContext, CarryingPackingDataset, packing_stage
-from energon_nemotron._energon.patches import (guard_jsonl_lines, name_watchdog_timeouts, quiet_error_prints,
-                                               quiet_progress, stop_watchdog_threads)
+from energon_nemotron._energon.patches import (guard_jsonl_lines, name_watchdog_timeouts, one_line_shard_failures,
+                                               quiet_error_prints, quiet_progress, stop_watchdog_threads)
 from energon_nemotron._energon.stages import (DatasetHook, WrapperDataset, basic_loader, is_no_cooker_error,
                                               is_weighted_blend_error, saves, set_default_failure_tolerance,
                                               stage_error_context, stage_failure_tolerance)
@@ -41,6 +41,7 @@ __all__ = ["SUPPORTED", "check_version",
            "BufferContext", "CarryingPackingDataset", "packing_stage",
            # behaviours adjusted from outside
            "quiet_error_prints", "quiet_progress", "guard_jsonl_lines", "name_watchdog_timeouts", "stop_watchdog_threads",
+           "one_line_shard_failures",
            # files and aux sources
            "load_yaml", "store_kind", "store_local_base", "webdataset_entry", "entry_size", "index_file", "filesystem_entry", "store_entry_names",
            "add_source_info", "indexed_sample_key", "set_nvdataset_cache_dir",

@@ -1,14 +1,17 @@
 """Behaviours of Energon adjusted from outside: its error prints, its per-worker shard lines and
-buffer-filling bars (the quiet default), the parsing of JSONL lines, and its watchdog's message and
-thread."""
+buffer-filling bars (the quiet default), the parsing of JSONL lines, its watchdog's message and
+thread, and the traceback its prepare logs per shard it cannot read."""
 
 from __future__ import annotations
 
 import builtins
-from typing import Any, Callable
+import contextlib
+import logging
+from typing import Any, Callable, Iterator
 
 import megatron.energon.errors as _errors
 import megatron.energon.flavors.webdataset.base_webdataset as _base_webdataset
+import megatron.energon.flavors.webdataset.prepare as _prepare
 import megatron.energon.wrappers.watchdog_dataset as _watchdog_dataset
 from megatron.energon.watchdog import Watchdog
 from megatron.energon.wrappers.packing_dataset import PackingDataset
@@ -127,3 +130,30 @@ def stop_watchdog_threads() -> None:
     setattr(watch_iter, _STOP_MARK, True)
     watch_iter.__doc__ = current.__doc__
     Watchdog.watch_iter = watch_iter
+
+
+class _OneLineShardFailure(logging.Filter):
+    """Energon's ``Shard failed to load: PATH. Skipping it.`` record made one line: the exception's
+    type and message replace its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith("Shard failed to load"):
+            error = record.exc_info[1]
+            cause = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+            record.msg = f"{str(record.msg).removesuffix(' Skipping it.').rstrip('.')} ({cause})"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
+@contextlib.contextmanager
+def one_line_shard_failures() -> Iterator[None]:
+    """While the block runs, the record the logger of ``megatron.energon.flavors.webdataset.prepare``
+    writes for each shard its prepare cannot read (``logger.exception``: a traceback per shard, from
+    each indexing process) is one line naming the shard and the cause. The indexing processes are
+    forked during the block, so they carry the filter."""
+    logger, one_line = _prepare.logger, _OneLineShardFailure()
+    logger.addFilter(one_line)
+    try:
+        yield
+    finally:
+        logger.removeFilter(one_line)

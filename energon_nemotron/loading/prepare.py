@@ -24,6 +24,7 @@ from typing import Optional
 import yaml
 from megatron.energon import BaseWebdatasetFactory, CrudeJsonlDatasetFactory, CrudeWebdataset
 
+from energon_nemotron._energon import one_line_shard_failures
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.guards.energon_files import META, info_counts, unprepared
 from energon_nemotron.registry import COOKERS
@@ -173,7 +174,7 @@ def _energon_prepare(call, *args, **kwargs) -> tuple[object, str]:
     (Energon exits on duplicate sample keys) or a failed assertion becomes a ``ConfigError``."""
     out = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), one_line_shard_failures():
             result = call(*args, **kwargs)
     except (SystemExit, AssertionError) as e:
         said = " ".join(out.getvalue().split()[:40]) or " ".join(str(e).split())[:300]
