@@ -157,6 +157,10 @@ def test_state_file_is_atomic(tmp_path, monkeypatch):
     path.write_text('{"format": "something else"}')
     with pytest.raises(ConfigError, match="not an energon-nemotron loader state"):
         load_state_file(path)
+    path.write_text(json.dumps({**json.loads(before), "version": 999}))
+    with pytest.raises(ConfigError) as e:
+        load_state_file(path)
+    assert str(e.value).startswith(f"{path}: a loader state of version 999; this library reads version 1"), e.value
 
 
 def test_a_state_save_on_a_full_disk_says_the_old_state_is_kept(tmp_path):

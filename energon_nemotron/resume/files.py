@@ -52,6 +52,9 @@ def load_state_file(path: str | os.PathLike) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ConfigError(f"loader state {path}: not valid JSON ({type(e).__name__}: {e}); the file is truncated "
                           "or damaged: restore it, or start without a state") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-        raise ConfigError(f"{path}: not an energon-nemotron loader state (version {VERSION})")
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not an energon-nemotron loader state (its \"format\" is not {FORMAT!r})")
+    if data.get("version") != VERSION:
+        raise ConfigError(f"{path}: a loader state of version {data.get('version')!r}; this library reads version "
+                          f"{VERSION}: resume with the energon-nemotron release that saved it, or start without a state")
     return data
