@@ -77,3 +77,32 @@ def test_yaml_is_safe_loaded(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("text, why", [
+    ("-1", r"got -1 \(an integer\), which is negative"),
+    ("1.5", r"got 1\.5 \(a number\), which is not a whole number of bytes \(1\.5\)"),
+    ('"1.5"', r"got '1\.5' \(a string\), which is not a whole number of bytes \(1\.5\)"),
+    ('"0.3KiB"', r"got '0\.3KiB' \(a string\), which is not a whole number of bytes \(307\.2\)"),
+    ("true", r"got True \(a boolean\)"),
+    ("5 parsecs", r"got '5 parsecs' \(a string\)"),
+])
+def test_max_buffer_bytes_refuses_what_is_not_a_whole_count_of_bytes(tmp_path, text, why):
+    """Written as YAML, as a user writes it: a negative or fractional count is refused with the key and
+    the reason (it was "could not parse value and unit", and the string "1.5" was taken as 1 byte)."""
+    path = tmp_path / "loader.yaml"
+    path.write_text(yaml.safe_dump(base()).replace("buffer_size: 8", f"buffer_size: 8\n  max_buffer_bytes: {text}"))
+    with pytest.raises(ConfigError, match=r"packing\.max_buffer_bytes: (must be|expected) a whole number of bytes "
+                                          r">= 0, or a size such as \"2GiB\" or \"500MB\"; " f"{why}") as err:
+        load_config(path)
+    assert len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("text, count", [("0", 0), ("1048576", 1048576), ("1.0e+9", 10**9), ("2.0", 2), ('"4096"', 4096),
+                                         ('"1GiB"', 2**30), ('"1.5 MiB"', 1572864), ('"500MB"', 500 * 10**6),
+                                         ("null", None)])
+def test_max_buffer_bytes_takes_whole_counts_and_sizes(tmp_path, text, count):
+    path = tmp_path / "loader.yaml"
+    path.write_text(yaml.safe_dump(base()).replace("buffer_size: 8", f"buffer_size: 8\n  max_buffer_bytes: {text}"))
+    got = load_config(path).packing.max_buffer_bytes
+    assert got == count and (got is None or type(got) is int)

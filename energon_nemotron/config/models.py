@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from energon_nemotron.config.values import describe_value
+from energon_nemotron.config.values import byte_count, describe_value
 from energon_nemotron.errors import ConfigError
 
 
@@ -81,9 +81,15 @@ class PackingConfig(StrictModel):
     balance: Optional[BalanceConfig] = Field(default_factory=BalanceConfig)
     #: under-filled tails carried into the next buffer (null: every buffer packed on its own)
     carry: Optional[CarryConfig] = Field(default_factory=CarryConfig)
-    #: media bytes a worker's packing buffer may hold (int or "2GiB"; 0: none; null: no bound); a sample
-    #: whose media do not fit reads them again by restore key for its pack (``encoders.held_media``)
-    max_buffer_bytes: Optional[ByteSize] = Field(None, ge=0)
+    #: media bytes a worker's packing buffer may hold (a whole number of bytes or "2GiB"; 0: none; null:
+    #: no bound); a sample whose media do not fit reads them again by restore key for its pack
+    #: (``encoders.held_media``)
+    max_buffer_bytes: Optional[int] = None
+
+    @field_validator("max_buffer_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v: Any) -> Optional[int]:
+        return None if v is None else byte_count(v)
 
     @field_validator("algorithm")
     @classmethod

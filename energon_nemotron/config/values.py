@@ -1,19 +1,21 @@
 """The value-type vocabulary of every config message: how a value and its YAML kind are shown
-(:func:`describe_value`), a predicate per annotation (:func:`type_check`), and the check of a mapping
+(:func:`describe_value`), a predicate per annotation (:func:`type_check`), the check of a mapping
 against a dataclass's fields (:func:`check_dataclass_values`), used by the loader config, the task
-encoder's options and the cookers' subflavors alike."""
+encoder's options and the cookers' subflavors alike, and a count of bytes (:func:`byte_count`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
+from fractions import Fraction
 import typing
 from typing import Any, Callable, Literal, Union
 
 from energon_nemotron.errors import ConfigError
 
-__all__ = ["describe_value", "type_check", "check_dataclass_values"]
+__all__ = ["describe_value", "type_check", "check_dataclass_values", "byte_count"]
 
 
 def describe_value(value: Any) -> str:
@@ -74,3 +76,35 @@ def check_dataclass_values(cls: type, values: dict, where: str) -> None:
             raise ConfigError(f"{where}.{name}: must be > 0, got {value}")
         if low is not None and value < low:
             raise ConfigError(f"{where}.{name}: must be >= {low}, got {value}")
+
+
+#: units of a size string, case-insensitive: decimal (kB = 1000 B) and binary (KiB = 1024 B), as
+#: pydantic's ByteSize reads them (a config that parsed before still parses to the same count)
+_UNITS = {"b": 1, **{f"{p}b": 1000 ** i for i, p in enumerate("kmgtpe", 1)},
+          **{f"{p}ib": 1024 ** i for i, p in enumerate("kmgtpe", 1)},
+          **{p: 1000 ** i for i, p in enumerate("kmgtpe", 1)}}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+BYTES_WANTED = 'a whole number of bytes >= 0, or a size such as "2GiB" or "500MB"'
+
+
+def byte_count(value: Any) -> int:
+    """A count of bytes from a config value: an int >= 0, a whole float (YAML's ``1e9``), or a size
+    string (``"2GiB"``, ``"1.5 MiB"``, ``"500MB"``, ``"4096"``) whose value is a whole number of bytes.
+    ``ValueError`` names what was expected and what came for a negative or fractional count
+    (``-1``, ``1.5``, ``"1.5"``, ``"0.3KiB"``), a boolean, an unknown unit or other text."""
+    got = f"got {describe_value(value)}"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected {BYTES_WANTED}; {got}")
+    if isinstance(value, str):
+        m = _SIZE.fullmatch(value)
+        if not m or m.group(2).lower() not in _UNITS | {"": 1}:
+            raise ValueError(f"expected {BYTES_WANTED}; {got}")
+        exact = Fraction(m.group(1)) * (_UNITS.get(m.group(2).lower(), 1))
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be {BYTES_WANTED}; {got}")
+    else:
+        exact = Fraction(value)
+    if exact < 0 or exact.denominator != 1:
+        raise ValueError(f"must be {BYTES_WANTED}; {got}, which is "
+                         f"{'negative' if exact < 0 else f'not a whole number of bytes ({float(exact):g})'}")
+    return int(exact)
