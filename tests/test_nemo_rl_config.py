@@ -5,6 +5,7 @@ checkpoint envelope, end to end on a generated blend with 0 and 2 workers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,24 @@ def test_file_backed_components_are_refused(blend):
     cfg["data"]["energon"]["cookers"][0] = {"python_file": "/x/cook.py", "object_name": "cook"}
     with pytest.raises(ConfigError, match=r"cookers\[0\].python_file: file-backed cookers are not loaded"):
         from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER)
+
+
+@pytest.mark.parametrize("rule, message", [
+    ({"name": "no_such_cooker"}, r"data\.energon\.cookers\[0\]\.name: unknown cooker 'no_such_cooker'; known: "),
+    ({"name": "nemotron_conversation", "options": {"no_such_option": 1}},
+     r"data\.energon\.cookers\[0\]\.options: cooker 'nemotron_conversation' takes .*; got 'no_such_option'"),
+], ids=["unknown name", "unknown option"])
+def test_cooker_list_refusals_name_the_users_key_and_file(blend, tmp_path, rule, message):
+    """Issue 46 item 5: a cooker the list cannot select is refused by from_nemo_rl itself, naming the
+    key as the user wrote it (``data.energon.cookers``, not the translated ``data.cookers``) and the
+    config file, as every other NeMo-RL message does."""
+    cfg = shape_b(blend)
+    cfg["data"]["energon"]["cookers"][0] = {**cfg["data"]["energon"]["cookers"][0], **rule}
+    path = tmp_path / "sft_v2.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ": " + message) as caught:
+        from_nemo_rl(path, tokenizer=DEMO_TOKENIZER)
+    assert "data.cookers" not in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_absent_add_bos_means_true_as_in_nemo_rl(blend):

@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 
 from energon_nemotron._energon import set_nvdataset_cache_dir
 from energon_nemotron.config import LoaderConfig, load_config, read_yaml_file
+from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.integrations.nemo_rl.interpolation import resolve
 from energon_nemotron.integrations.nemo_rl.options import encoder_options
@@ -230,6 +231,7 @@ def _cookers(walk: Walk) -> list[dict]:
         out.append({"name": rule.get("name", "generic_conversation"), "options": rule.get("options") or {},
                     "has_subflavors": rule.get("has_subflavors")})
         walk.report[at] = f"honoured: data.cookers[{i}] ({out[-1]['name']})"
+    CookerSelection(out, where=f"{walk.origin}: {key}")     # names, options, filters: checked under the user's key
     return out
 
 
