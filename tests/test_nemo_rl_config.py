@@ -185,6 +185,30 @@ def test_cooker_list_refusals_name_the_users_key_and_file(blend, tmp_path, rule,
     assert "data.cookers" not in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_an_option_the_user_did_not_write_is_not_refused(blend, tmp_path):
+    """Issue 46 item 6: ``prompt_format: nemotron6`` (a format without thinking-trace options) and
+    no ``thinking_trace_format``, written to a file as a user writes it, builds the loader's encoder;
+    the adapter fills in no option the user did not write. One the user did write, and the format
+    does not take, is refused by its key as written and the file."""
+    from energon_nemotron.loading import build_task_encoder
+
+    cfg = shape_b(blend)
+    options = cfg["data"]["energon"]["task_encoder"]["options"]
+    options["prompt_format"] = "nemotron6"
+    written = options.pop("thinking_trace_format")
+    path = tmp_path / "sft_v2.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    made = from_nemo_rl(path, tokenizer=DEMO_TOKENIZER)
+    assert "thinking_trace_format" not in made.loader.task_encoder.options
+    assert build_task_encoder(made.loader).options.prompt_format == "nemotron6"
+    options["thinking_trace_format"] = written
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + r": data\.energon\.task_encoder\.options\."
+                       r"thinking_trace_format: 'ultra': prompt_format 'nemotron6' does not take it \(formats that "
+                       r"do: .*nemotron6-moe"):
+        from_nemo_rl(path, tokenizer=DEMO_TOKENIZER)
+
+
 def test_absent_add_bos_means_true_as_in_nemo_rl(blend):
     cfg = shape_b(blend)
     del cfg["data"]["add_bos"]

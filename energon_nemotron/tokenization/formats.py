@@ -360,6 +360,11 @@ def dropped_content(messages: Sequence[Message], tools: Sequence[dict], rendered
     return lost
 
 
+def formats_taking(option: str) -> list[str]:
+    """The names of the registered prompt formats that take the format option ``option``."""
+    return [n for n in PROMPT_FORMATS.names() if option in getattr(PROMPT_FORMATS.get(n), "options", ())]
+
+
 def get_prompt_format(name: str, tokenizer: Any, **format_options: Any) -> PromptFormat:
     """The registered format ``name`` for ``tokenizer``, with its ``format_options``
     (``thinking_trace_format``, ``relax_thinking_trace_check``, ...). An option set to None or False
@@ -372,7 +377,7 @@ def get_prompt_format(name: str, tokenizer: Any, **format_options: Any) -> Promp
     given = {k: v for k, v in format_options.items() if v is not None and v is not False}
     for option in given:
         if option not in cls.options:
-            takers = [n for n in PROMPT_FORMATS.names() if option in getattr(PROMPT_FORMATS.get(n), "options", ())]
+            takers = formats_taking(option)
             raise ConfigError(f"prompt_format {name!r} does not take the option {option!r} "
                               f"(task_encoder.options.{option}); " + (f"formats that do: {', '.join(takers)}"
                                                                       if takers else "no format does"))

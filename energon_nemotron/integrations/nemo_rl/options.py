@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from energon_nemotron.integrations.nemo_rl.walk import Walk
+from energon_nemotron.registry import PROMPT_FORMATS
+from energon_nemotron.tokenization.formats import formats_taking
 
 __all__ = ["encoder_options", "NEMO_RL_OPTION_DEFAULTS"]
 
@@ -52,6 +54,24 @@ def _task_encoder_name(walk: Walk) -> str:
     else:
         walk.use(f"{key}.name", "task_encoder.name nemotron_multimodal")
     return name
+
+
+def _thinking_options(walk: Walk, given: dict, prompt_format: Any) -> dict[str, Any]:
+    """The thinking-trace options the user wrote (``given``), for the library's options. An absent
+    one is left out, not filled in with NeMo-RL's default: the library's default is the same
+    (``normalized``, no relaxed check) for the formats that take them, and a format that takes none
+    (``nemotron6``) must not be refused for an option the user never wrote. One the user wrote that
+    the format does not take is refused here, by its key as written."""
+    p, out = "data.energon.task_encoder.options", {}
+    for name in ("thinking_trace_format", "relax_thinking_trace_check"):
+        if name not in given:
+            continue
+        out[name] = walk.use(f"{p}.{name}", f"task_encoder.options.{name}")
+        takers = formats_taking(name)
+        if isinstance(prompt_format, str) and prompt_format in PROMPT_FORMATS and prompt_format not in takers and given[name] not in (None, False):
+            walk.refuse(f"{p}.{name}", f"{given[name]!r}: prompt_format {prompt_format!r} does not take it (formats "
+                                       f"that do: {', '.join(takers)}); remove it")
+    return out
 
 
 def encoder_options(walk: Walk, seq_length: int) -> dict[str, Any]:
@@ -101,11 +121,8 @@ def encoder_options(walk: Walk, seq_length: int) -> dict[str, Any]:
              "fps": float(opt("video_default_fps", "video.fps")),
              "max_duration": NO_VIDEO_CAP if large else NEMO_RL_MAX_VIDEO_SECONDS}
     out: dict[str, Any] = {"prompt_format": opt("prompt_format", "task_encoder.options.prompt_format"),
-                           "image": {"patch_size": patch}, "video": video, "audio": audio,
-                           "thinking_trace_format": opt("thinking_trace_format",
-                                                        "task_encoder.options.thinking_trace_format"),
-                           "relax_thinking_trace_check": opt("relax_thinking_trace_check",
-                                                             "task_encoder.options.relax_thinking_trace_check")}
+                           "image": {"patch_size": patch}, "video": video, "audio": audio}
+    out.update(_thinking_options(walk, given, out["prompt_format"]))
     env_patch = walk.get("policy.megatron_cfg.env_vars.NRL_MEDIA_PATCH_DIM", None)
     if env_patch is not None and str(env_patch) != str(patch):
         walk.refuse("policy.megatron_cfg.env_vars.NRL_MEDIA_PATCH_DIM", f"{env_patch!r} differs from the "
