@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
 from pathlib import Path
 
@@ -62,7 +63,22 @@ def write_jsonl(path: Path, objects) -> Path:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a gloo ``init_method``)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a gloo ``init_method``), drawn below
+    the kernel's ephemeral range: a port the kernel hands out (``bind(0)``, any outgoing connection,
+    gloo's own pairs among them) could be taken by another test between this call and the bind of
+    the rendezvous; one outside that range is taken only by an explicit choice (another draw here,
+    1 in ~20000, and then the bind check below sees it)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randrange(10000, max(10001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in 10000-{low} on 127.0.0.1 after 100 draws")

@@ -45,12 +45,14 @@ def test_depth_limit_is_exact_and_never_recurses():
 
 def test_depth_scan_is_linear_on_adversarial_text():
     # an unterminated string full of escaped quotes and brackets: one linear pass, and the brackets
-    # inside the string do not count
+    # inside the string do not count. A bound, not a speed goal: the linear scan takes ~0.04 s here,
+    # a backtracking (quadratic) one ~10^12 steps on these 1.5 MB, hours; 60 s tells them apart on
+    # any machine however loaded, and a correct program never comes near it.
     text = "[" * 50 + '"' + '\\"[' * 500_000
     start = time.perf_counter()
     with pytest.raises(DataError) as err:
         parse_json(text, "k")
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 60.0
     assert err.value.code == "invalid_json"
 
 
