@@ -2,10 +2,10 @@
 
 :func:`check_source_path` (a source's ``path``) and :func:`check_media_roots` (``data.media_roots``)
 name the config field; :func:`check_source` walks an Energon source (``guards.source_tree``):
-every referenced dataset exists and is prepared, and its split has shards; every leaf's merged subflavors name a registered
-cooker (or ``data.default_cooker`` applies) and hold only keys that cooker reads, with values of the
-declared type (``cookers.subflavors``); every shard and index agrees with ``.info``
-(``guards.shards``).
+every referenced dataset exists and is prepared, and its split has shards; every leaf's merged
+subflavors name a registered cooker (or ``data.default_cooker`` applies) and hold only keys that
+cooker reads, with values of the declared type (``cookers.subflavors``); every shard and index
+agrees with ``.info`` (``guards.shards``).
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ def _thinking_options(walk: Walk, given: dict, prompt_format: Any) -> dict[str, 
             continue
         out[name] = walk.use(f"{p}.{name}", f"task_encoder.options.{name}")
         takers = formats_taking(name)
-        if isinstance(prompt_format, str) and prompt_format in PROMPT_FORMATS and prompt_format not in takers and given[name] not in (None, False):
+        known = isinstance(prompt_format, str) and prompt_format in PROMPT_FORMATS   # else the library names it
+        if known and prompt_format not in takers and given[name] not in (None, False):
             walk.refuse(f"{p}.{name}", f"{given[name]!r}: prompt_format {prompt_format!r} does not take it (formats "
                                        f"that do: {', '.join(takers)}); remove it")
     return out
