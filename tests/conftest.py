@@ -82,3 +82,25 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free TCP port in 10000-{low} on 127.0.0.1 after 100 draws")
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory):
+    """A real S3-compatible server (moto) on 127.0.0.1 for the whole run, and ``MSC_CONFIG`` set to
+    a multi-storage-client profile ``lake`` for it (``msc://lake/...``; ``object_store.ObjectStore``).
+    Stopped, and the variable restored, at the end."""
+    import os
+
+    from object_store import ObjectStore
+
+    store = ObjectStore.start(tmp_path_factory.mktemp("object_store"), free_port())
+    before = os.environ.get("MSC_CONFIG")
+    os.environ["MSC_CONFIG"] = str(store.config)
+    try:
+        yield store
+    finally:
+        if before is None:
+            os.environ.pop("MSC_CONFIG", None)
+        else:
+            os.environ["MSC_CONFIG"] = before
+        store.stop()
