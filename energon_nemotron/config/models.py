@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from energon_nemotron._energon.storage import data_location, is_url
 from energon_nemotron.config.values import byte_count, describe_value
 from energon_nemotron.errors import ConfigError
 
@@ -116,10 +117,18 @@ class EnergonSource(StrictModel):
     batches per pass (Energon's ``LimitDataset``)."""
 
     format: Literal["energon"] = "energon"
-    path: Path
+    #: a local path (relative: to the config's folder) or an ``msc://PROFILE/PATH`` URL, kept as given
+    path: Union[Path, str]
     split: str = "train"
     virtual_epoch_length: int = Field(0, ge=0)
     limit: Optional[int] = Field(None, ge=1)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _location(cls, v: Any) -> Any:
+        if not isinstance(v, (str, Path)):
+            raise ValueError(f"expected a local path or an msc://PROFILE/PATH URL; got {describe_value(v)}")
+        return data_location(v)
 
 
 class MegatronSource(StrictModel):
@@ -281,8 +290,8 @@ class LoaderConfig(StrictModel):
     def resolved(self, base: Path) -> "LoaderConfig":
         """A copy with relative paths resolved against ``base``."""
 
-        def fix(p: Path) -> Path:
-            return p if p.is_absolute() else (base / p)
+        def fix(p: Any) -> Any:
+            return p if is_url(p) or Path(p).is_absolute() else (base / p)
 
         out = self.model_copy(deep=True)
         out.tokenizer = fix(out.tokenizer)

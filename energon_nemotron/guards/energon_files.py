@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from energon_nemotron._energon import load_yaml
+from energon_nemotron._energon.storage import as_data_path
 
 #: a prepared dataset folder's metadata folder
 META = ".nv-meta"
@@ -19,7 +20,7 @@ __all__ = ["META", "INFO_FILES", "load_yaml_file", "info_file", "info_counts", "
 
 def load_yaml_file(path: Path) -> Any:
     """A YAML file parsed as Energon parses it (``_energon.load_yaml``)."""
-    return load_yaml(Path(path).read_bytes())
+    return load_yaml(as_data_path(path).read_bytes())
 
 
 def info_file(meta: Path) -> Path:
@@ -44,11 +45,11 @@ def split_file(meta: Path, name: str = "split.yaml") -> Path:
 
 
 def unprepared(path: Path, jsonl_index: bool = True) -> Optional[tuple[str, str]]:
-    """Why a local ``path`` cannot be an Energon data reference, as ``(kind, why)``: kind
+    """Why a ``path`` (local or ``msc://``) cannot be an Energon data reference, as ``(kind, why)``: kind
     ``missing`` (``why``: "does not exist"), ``unprepared`` (a folder without ``.nv-meta`` or its
     ``.info`` file, a ``.jsonl`` without its ``.jsonl.idx`` when ``jsonl_index``) or ``unknown``
     (another file). None: a prepared folder, a ``.jsonl`` or a metadataset ``.yaml``."""
-    path = Path(path)
+    path = as_data_path(path)
     if path.is_dir():
         if not (path / META).is_dir():
             return "unprepared", f"is not a prepared Energon dataset (it has no {META} folder)"

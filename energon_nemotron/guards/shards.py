@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from energon_nemotron._energon import indexed_sample_key, reader_jsonl, reader_position, wrap_leaf_readers
+from energon_nemotron._energon.storage import as_data_path, object_size, read_range
 from energon_nemotron.errors import DatasetError
 from energon_nemotron.guards.energon_files import META, info_counts, load_yaml_file, split_file
 
@@ -63,35 +64,33 @@ def header_problem(shard: Any, offset: int) -> Optional[str]:
 
 
 def shard_problem(shard: Any, count: int, info: str = ".info.json") -> Optional[str]:
-    """What is wrong with a shard (a path) and its ``.tar.idx`` against the ``count`` of ``info``
-    (None: nothing found). O(1) per shard: a stat of the shard, the index's size and three of its
-    offsets (the samples' first, last and end); the samples themselves are not read."""
-    name = os.fspath(shard)
+    """What is wrong with a shard (a local path or an ``msc://`` location) and its ``.tar.idx``
+    against the ``count`` of ``info`` (None: nothing found). O(1) per shard: the sizes of the shard
+    and its index and two small reads of the index (the samples' first, last and end offsets): on
+    object storage four requests, no byte of the shard."""
+    path = as_data_path(shard)
+    name, idx = str(path), path.with_name(path.name + ".idx")
     try:
-        size = os.stat(name).st_size
+        size = object_size(path)
     except FileNotFoundError:
         return f"{name}: the shard is missing ({info} counts {count} samples in it)"
     if size == 0:
         return f"{name}: the shard is empty (0 bytes; {info} counts {count} samples in it)"
-    idx_name = os.path.basename(name) + ".idx"
+    idx_name = idx.name
     try:
-        fd = os.open(name + ".idx", os.O_RDONLY)
+        entries, rest = divmod(object_size(idx), 8)
     except FileNotFoundError:
         return f"{name}: its index {idx_name} is missing"
-    try:
-        entries, rest = divmod(os.fstat(fd).st_size, 8)
-        if rest or entries == 0:
-            return f"{name}: its index {idx_name} is damaged ({entries * 8 + rest} bytes: not count + 1 offsets)"
-        if entries - 1 != count:
-            what = ("the last " + str(entries - 1 - count) + " samples would be dropped") if entries - 1 > count \
-                else "reading would run past the index"
-            return f"{name}: {info} counts {count} samples but the index {idx_name} lists {entries - 1} ({what})"
-        if count == 0:
-            return None
-        first, = struct.unpack("<Q", os.pread(fd, 8, 0))
-        last, end = struct.unpack("<QQ", os.pread(fd, 16, 8 * (count - 1)))
-    finally:
-        os.close(fd)
+    if rest or entries == 0:
+        return f"{name}: its index {idx_name} is damaged ({entries * 8 + rest} bytes: not count + 1 offsets)"
+    if entries - 1 != count:
+        what = ("the last " + str(entries - 1 - count) + " samples would be dropped") if entries - 1 > count \
+            else "reading would run past the index"
+        return f"{name}: {info} counts {count} samples but the index {idx_name} lists {entries - 1} ({what})"
+    if count == 0:
+        return None
+    first, = struct.unpack("<Q", read_range(idx, 0, 8))
+    last, end = struct.unpack("<QQ", read_range(idx, 8 * (count - 1), 16))
     ordered = not (first % BLOCK or last % BLOCK or end % BLOCK) and first <= last < end
     if ordered and end > size:
         return f"{name}: the shard is truncated ({size} bytes, its index says the samples end at byte {end})"
@@ -103,15 +102,17 @@ def shard_problem(shard: Any, count: int, info: str = ".info.json") -> Optional[
 
 def jsonl_problem(path: Path) -> Optional[str]:
     """What is wrong with a ``.jsonl`` against its ``.jsonl.idx`` (None: nothing found)."""
+    path = as_data_path(path)
     idx = path.with_name(path.name + ".idx")
     try:
-        entries, rest = divmod(idx.stat().st_size, 8)
+        entries, rest = divmod(object_size(idx), 8)
     except FileNotFoundError:
         return f"{path}: its index {idx.name} is missing (the file is not prepared)"
     if rest or entries < 2:
         return f"{path}: its index {idx.name} is damaged ({entries * 8 + rest} bytes)"
-    first, end = _offsets(idx, 0, entries - 1)
-    size = path.stat().st_size
+    first, = struct.unpack("<Q", read_range(idx, 0, 8))
+    end, = struct.unpack("<Q", read_range(idx, 8 * (entries - 1), 8))
+    size = object_size(path)
     if first != 0 or end != size:
         return f"{path}: the file has {size} bytes but its index {idx.name} covers bytes {first}..{end}: " \
                "the file changed after `energon prepare`"
@@ -123,7 +124,7 @@ def _read_split(leaf: Any) -> tuple[Path, str, dict, Path, dict, set]:
     excluded names brace-expanded) of a prepared folder. Raises ``DatasetError``."""
     import braceexpand
 
-    meta = Path(leaf.path) / META
+    meta = as_data_path(leaf.path) / META
     try:
         info, counts = info_counts(meta)
     except Exception as e:
@@ -177,14 +178,14 @@ def empty_split(leaf: Any) -> Optional[str]:
 def leaf_problems(leaf: Any) -> list[str]:
     """Every problem found in a leaf's shards (or ``.jsonl``) and indexes."""
     if leaf.kind == "jsonl":
-        problem = jsonl_problem(Path(leaf.path))
+        problem = jsonl_problem(as_data_path(leaf.path))
         return [problem] if problem else []
     try:
         info, shards = split_shards(leaf)
     except DatasetError as e:
         return [str(e)]
-    root = os.path.join(os.fspath(leaf.path), "")
-    found = (shard_problem(root + name, count, info) for name, count in shards)
+    root = as_data_path(leaf.path)
+    found = (shard_problem(root / name, count, info) for name, count in shards)
     return [p for p in found if p]
 
 

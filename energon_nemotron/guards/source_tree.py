@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from energon_nemotron._energon import index_file
+from energon_nemotron._energon.storage import READ_SCHEMES, RemotePath, as_data_path, is_url
 from energon_nemotron.guards.energon_files import META, info_file, load_yaml_file, split_file, unprepared
 
 BLENDS = ("blend", "blend_epochized", "datasets")   # V2 blends; V1 ``datasets``
@@ -32,7 +33,8 @@ BLENDS = ("blend", "blend_epochized", "datasets")   # V2 blends; V1 ``datasets``
 @dataclass
 class Leaf:
     """A dataset the stream reads: ``kind`` is ``webdataset`` (a prepared folder), ``jsonl`` or
-    ``remote`` (a URL, not checked here). ``origin`` maps each subflavor key to the file that set its
+    ``remote`` (a URL of a scheme not read here, not checked). An ``msc://`` one is checked as a
+    local one is, through Energon's path layer. ``origin`` maps each subflavor key to the file that set its
     value; ``joined`` leaves feed a ``join`` (read by its joiner, not by a cooker)."""
 
     path: Path
@@ -74,7 +76,7 @@ class _Scope:
 def walk(path: Path, split: str) -> Tree:
     """The tree below ``path`` for ``split``; problems are collected, not raised."""
     tree = Tree()
-    _reference(tree, Path(path), _Scope(split), None, {})
+    _reference(tree, as_data_path(path), _Scope(split), None, {})
     return tree
 
 
@@ -82,7 +84,7 @@ def _reference(tree: Tree, path: Path, scope: _Scope, where: Optional[Path], con
     """A dataset, a .jsonl or a nested metadataset, referenced from ``where`` (None: the loader
     config); ``configs``: the reference's ``dataset_config`` / ``split_config`` file names."""
     by = f"{where}: " if where else "data path: "
-    if "://" in str(path):
+    if isinstance(path, RemotePath) and path.url.split("://", 1)[0] not in READ_SCHEMES:
         tree.leaves.append(scope.leaf(path, "remote"))
         return
     problem = unprepared(path, jsonl_index=False)      # a .jsonl's index: checked with its shards
@@ -175,7 +177,7 @@ def _node(tree: Tree, path: Path, node: Any, scope: _Scope) -> None:
                              f"join: {node!r:.120}")
         return
     target = node["path"]
-    target = Path(target) if "://" in str(target) else path.parent / str(target)
+    target = as_data_path(str(target)) if is_url(str(target)) else path.parent / str(target)
     tree.problems += aux_problems(path, node.get("aux"))
     configs = {k: node.get(k) for k in ("dataset_config", "split_config")}
     _reference(tree, target, below, path, configs)
@@ -250,5 +252,5 @@ def stream_digests(prefix: str, path: Optional[Path], split: str = "train") -> d
     what cannot be followed is left to ``loading.preflight.check_source``."""
     if path is None:
         return {}
-    files = dict.fromkeys(p.resolve() for p in walk(Path(path), split).files)
+    files = dict.fromkeys(p.resolve() for p in walk(as_data_path(path), split).files)
     return {f"{prefix} file {p}": file_sha256(p) for p in files}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from energon_nemotron.config import DataConfig, MegatronSource, Source
+from energon_nemotron._energon.storage import as_data_path
 from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.cookers.subflavors import subflavor_problems
 from energon_nemotron.errors import ConfigError, DatasetError
@@ -30,7 +31,7 @@ __all__ = ["check_source_path", "check_media_roots", "check_source"]
 def check_source_path(src: Source, field: str) -> None:
     """``ConfigError`` naming ``field`` (``data.train``) unless ``src.path`` is there and, for an
     Energon source, prepared (checked when a loader is built, not when the config is read)."""
-    path = Path(src.path)
+    path = as_data_path(src.path)
     if isinstance(src, MegatronSource):
         if not path.is_file():
             what = "is a folder" if path.is_dir() else "does not exist"
@@ -83,7 +84,8 @@ def _check_splits(path: Path, tree: Tree) -> None:
         leaf = empty[0][0]
         redo = f"energon-nemotron prepare {leaf.path} --cooker {leaf.subflavors.get('cooker') or 'NAME'} " \
                "--reindex --split-ratio 8,1,1"
-        within = "" if all(Path(leaf.path) == Path(path) for leaf, _ in empty) else f"the data source {path}: "
+        within = "" if all(as_data_path(leaf.path) == as_data_path(path) for leaf, _ in empty) \
+            else f"the data source {path}: "
         raise ConfigError(within + "; ".join(why for _, why in empty)
                           + f"; set the source's split to one that has shards, or split the shards again (`{redo}`)")
 
@@ -92,7 +94,7 @@ def check_source(path: Path, split: str, data: Optional[DataConfig] = None) -> T
     """Check an Energon source before it is read (see the module docstring): a ``ConfigError`` for
     the tree or the subflavors, a ``DatasetError`` for damaged shards or indexes; the walked tree.
     ``data``: the config's data section (its cooker rules and ``other_subflavors``; None: defaults)."""
-    tree = walk(Path(path), split)
+    tree = walk(as_data_path(path), split)
     _raise(ConfigError, f"the data source {path} cannot be read", tree.problems)
     _check_splits(path, tree)
     cooked = [leaf for leaf in tree.leaves if leaf.kind != "remote" and not leaf.joined]

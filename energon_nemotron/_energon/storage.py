@@ -1,0 +1,156 @@
+"""Where data lives: a local path or an object-storage URL (``msc://PROFILE/PATH``), read through
+Energon's path layer (``EPath``, backed by the multi-storage-client) so that the start-up checks
+read an object store as Energon itself does.
+
+:func:`data_location` classifies what a config names (``file://`` is a local path; ``msc://`` is
+kept as the URL, never joined to a config's folder; another scheme is refused by name).
+:class:`RemotePath` gives an ``msc://`` location the few ``pathlib`` operations the checks use
+(join, name, existence, reads, sizes, ranged reads), so one code path checks local and remote
+datasets alike; :func:`as_data_path` picks the type.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any, Union
+
+__all__ = ["READ_SCHEMES", "data_location", "is_url", "as_data_path", "RemotePath", "DataPath", "object_size",
+           "read_range"]
+
+#: URL schemes whose data the library reads (through Energon's EPath)
+READ_SCHEMES = ("msc",)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
+
+
+def is_url(value: Any) -> bool:
+    """Whether ``value`` (a str, a path or a :class:`RemotePath`) names an object-storage URL."""
+    return isinstance(value, RemotePath) or (isinstance(value, str) and _SCHEME.match(value) is not None)
+
+
+def data_location(value: Union[str, Path]) -> Union[str, Path]:
+    """What a config's data path names: an ``msc://`` URL (kept as the string), or a local ``Path``
+    (``file://PATH`` is the local ``PATH``). Raises ``ValueError`` naming another scheme."""
+    if isinstance(value, Path):
+        return value
+    match = _SCHEME.match(str(value))
+    if match is None:
+        return Path(value)
+    scheme, rest = match.group(1).lower(), match.group(2)
+    if scheme == "file":
+        return Path(rest)
+    if scheme in READ_SCHEMES:
+        if not rest.split("/", 1)[0]:
+            raise ValueError(f"{value!r}: an msc:// URL names a profile first: msc://PROFILE/PATH")
+        return f"{scheme}://{rest}"
+    raise ValueError(f"{value!r}: the scheme {scheme}:// is not read here; name object storage as "
+                     "msc://PROFILE/PATH (a multi-storage-client profile names the bucket, its endpoint and "
+                     "credentials), or a local path")
+
+
+class RemotePath:
+    """An ``msc://`` location with the ``pathlib`` operations the start-up checks use, read through
+    Energon's ``EPath`` (metadata objects and sizes; :func:`read_range` for index entries)."""
+
+    def __init__(self, url: str) -> None:
+        scheme, rest = str(url).split("://", 1)
+        self.url = f"{scheme}://{rest.rstrip('/')}"
+
+    def _epath(self) -> Any:
+        from megatron.energon.epathlib import EPath
+
+        return EPath(self.url)
+
+    def __truediv__(self, part: Union[str, Path]) -> "RemotePath":
+        return RemotePath(f"{self.url.rstrip('/')}/{str(part).lstrip('/')}")
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"RemotePath({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemotePath) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.url.split("://", 1)[1]).name
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.name).suffix
+
+    @property
+    def parent(self) -> "RemotePath":
+        scheme, rest = self.url.split("://", 1)
+        return RemotePath(f"{scheme}://{PurePosixPath(rest).parent}")
+
+    def with_name(self, name: str) -> "RemotePath":
+        return self.parent / name
+
+    def resolve(self) -> "RemotePath":
+        return self
+
+    def is_absolute(self) -> bool:
+        return True
+
+    def is_dir(self) -> bool:
+        return bool(self._epath().is_dir())
+
+    def is_file(self) -> bool:
+        return bool(self._epath().is_file())
+
+    def exists(self) -> bool:
+        return self.is_file() or self.is_dir()
+
+    def read_bytes(self) -> bytes:
+        try:
+            return self._epath().read_bytes()
+        except FileNotFoundError:
+            raise
+        except Exception as e:                      # the store's "no such key" arrives in many types
+            if not self.is_file():
+                raise FileNotFoundError(f"{self.url}: no such object") from e
+            raise
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def size(self) -> int:
+        return int(self._epath().size())
+
+
+DataPath = Union[Path, RemotePath]
+
+
+def as_data_path(value: Union[str, "os.PathLike[str]", RemotePath]) -> DataPath:
+    """A :class:`RemotePath` for a URL (``scheme://``), else a local ``Path``."""
+    if isinstance(value, (RemotePath, Path)):
+        return value
+    text = value if isinstance(value, str) else os.fspath(value)
+    return RemotePath(text) if is_url(text) else Path(text)
+
+
+def object_size(path: DataPath) -> int:
+    """The size in bytes of a file or an object; ``FileNotFoundError`` when there is none."""
+    if isinstance(path, RemotePath):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such object")
+        return path.size()
+    return Path(path).stat().st_size
+
+
+def read_range(path: DataPath, offset: int, length: int) -> bytes:
+    """``length`` bytes of a file or an object from ``offset`` (fewer at its end): one ranged read."""
+    if isinstance(path, RemotePath):
+        with path._epath().open("rb") as f:
+            f.seek(offset)
+            return f.read(length)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
