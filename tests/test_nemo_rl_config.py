@@ -242,6 +242,16 @@ def test_dss_paths_map_under_the_cache_dir(blend, tmp_path, monkeypatch):
     assert os.environ["NVDATASET_CACHE_DIR"] == str(tmp_path)
 
 
+def test_an_msc_source_is_kept_as_written(blend):
+    """A top-level ``msc://`` source (object storage) passes to the library's config unchanged: the
+    loader reads and checks it through Energon's path layer (tests/test_object_storage.py)."""
+    cfg = shape_b(blend)
+    cfg["data"]["train"]["path"] = "msc://lake/mix/blend.yaml"
+    made = from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER)
+    assert made.loader.data.train.path == "msc://lake/mix/blend.yaml"
+    assert made.report["data.train.path"].startswith("honoured:")
+
+
 def test_the_packed_batch_loader_points_to_the_nemo_rl_loader(blend):
     """``output: nemo_rl_packed`` is NeMo-RL's own batch: the Nemotron Omni preset serves it, and the
     library's ``PackedBatch`` loader refuses it naming where NeMo-RL's batches come from."""

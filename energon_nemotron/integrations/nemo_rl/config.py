@@ -78,6 +78,8 @@ def _path(walk: Walk, key: str, value: Any, base: Path, cache_dir: Optional[str]
     scheme, rest = m.groups()
     if scheme == "file":
         return rest
+    if scheme == "msc":                 # object storage: kept as written, read (and checked) through Energon's EPath
+        return value
     if scheme == "dss":
         if cache_dir is None:
             walk.refuse(key, f"{value!r} is a dss:// path; Energon resolves it under data.energon.nvdataset_cache_dir, "
@@ -87,9 +89,9 @@ def _path(walk: Walk, key: str, value: Any, base: Path, cache_dir: Optional[str]
         if not sep or not name or not version:
             walk.refuse(key, f"{value!r}: a dss:// path is dss://NAME@VERSION/PATH")
         return str(Path(cache_dir) / name / version / inner)
-    walk.refuse(key, f"{value!r}: scheme {scheme}:// is not read here; the top-level source must be local, file:// "
-                     "or dss:// (under nvdataset_cache_dir) so the start-up checks can read it; msc:// and dss:// "
-                     "leaves inside a metadataset pass to Energon")
+    walk.refuse(key, f"{value!r}: scheme {scheme}:// is not read here; the top-level source is local, file://, "
+                     "msc://PROFILE/PATH (object storage through a multi-storage-client profile) or dss:// (under "
+                     "nvdataset_cache_dir)")
     return ""
 
 
