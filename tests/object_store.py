@@ -20,9 +20,18 @@ from typing import Optional
 
 import yaml
 
-#: the profile and bucket the tests use (``msc://lake/...``), and the credentials moto accepts
-PROFILE, BUCKET = "lake", "lake"
+#: the profile and bucket the tests use (``msc://lake/...``), a profile whose endpoint does not
+#: answer, and the credentials moto accepts
+PROFILE, BUCKET, DOWN = "lake", "lake", "down"
 ACCESS_KEY, SECRET_KEY = "energon-nemotron-test", "energon-nemotron-test-secret"
+
+
+def profile(endpoint: str) -> dict:
+    """A multi-storage-client S3 profile for bucket ``lake`` at ``endpoint``."""
+    return {"storage_provider": {"type": "s3", "options": {"base_path": BUCKET, "endpoint_url": endpoint,
+                                                           "region_name": "us-east-1"}},
+            "credentials_provider": {"type": "S3Credentials",
+                                     "options": {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}}}
 
 
 class ObjectStore:
@@ -33,9 +42,10 @@ class ObjectStore:
         self.endpoint = f"http://127.0.0.1:{port}"
 
     @classmethod
-    def start(cls, folder: Path, port: int, timeout: float = 60.0) -> "ObjectStore":
+    def start(cls, folder: Path, port: int, down_port: int, timeout: float = 60.0) -> "ObjectStore":
         """Start the server on ``port``, wait (bounded) until it answers, create the bucket and
-        write the MSC config file into ``folder``."""
+        write the MSC config file into ``folder``: profile ``lake`` for the server, profile ``down``
+        for ``down_port``, where nothing listens (an unreachable endpoint)."""
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -51,11 +61,8 @@ class ObjectStore:
                 time.sleep(0.1)
         store = cls(port, proc, Path(folder) / "msc_config.yaml")
         store.client().create_bucket(Bucket=BUCKET)
-        store.config.write_text(yaml.safe_dump({"profiles": {PROFILE: {
-            "storage_provider": {"type": "s3", "options": {"base_path": BUCKET, "endpoint_url": store.endpoint,
-                                                           "region_name": "us-east-1"}},
-            "credentials_provider": {"type": "S3Credentials",
-                                     "options": {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}}}}}))
+        store.config.write_text(yaml.safe_dump({"profiles": {
+            PROFILE: profile(store.endpoint), DOWN: profile(f"http://127.0.0.1:{down_port}")}}))
         return store
 
     def client(self):

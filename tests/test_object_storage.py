@@ -125,3 +125,26 @@ def test_an_elastic_resume_on_the_store_gives_the_batches_of_local_disk(corpus):
         after[path] = [b for _, b in zip(range(6), one)]
     assert len(after[url]) == len(after[str(local)]) == 6
     assert all(batches_equal(a, b) for a, b in zip(after[str(local)], after[url]))
+
+
+# -- faults end in one line ----------------------------------------------------------------------------
+def test_an_unreachable_endpoint_is_one_line_naming_the_profile(object_store, tmp_path):
+    """Profile ``down`` points at a port on 127.0.0.1 where nothing listens: the loader API raises a
+    ``ConfigError`` naming the URL, the profile, the endpoint and the config file; ``preview`` says
+    the same in one line and exits 2, within a bound (the client's retries end)."""
+    url = "msc://down/corpus"
+    with pytest.raises(ConfigError, match=r"^msc://down/corpus: the object store cannot be read \(a listing: .*"
+                                          r"Could not connect to the endpoint URL.*127\.0\.0\.1.*\); check the "
+                                          r"profile 'down' in the multi-storage-client config "):
+        read(url, 0)
+    (tmp_path / "loader.yaml").write_text(yaml.safe_dump(text_config(url, workers=0)))
+    res = subprocess.run([sys.executable, "-m", "energon_nemotron.cli", "preview", str(tmp_path / "loader.yaml")],
+                         capture_output=True, text=True, timeout=300)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert res.returncode == 2 and len(errors) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "profile 'down'" in errors[0] and "127.0.0.1" in errors[0]
+
+
+def test_a_missing_object_is_named(object_store):
+    with pytest.raises(ConfigError, match=r"data.train.path: 'msc://lake/nothing/here' does not exist"):
+        read(object_store.url("nothing/here"), 0)

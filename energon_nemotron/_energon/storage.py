@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, Union
+from typing import Any, Callable, Union
+
+from energon_nemotron.errors import ConfigError
 
 __all__ = ["READ_SCHEMES", "data_location", "is_url", "as_data_path", "RemotePath", "DataPath", "object_size",
            "read_range"]
@@ -99,30 +101,52 @@ class RemotePath:
     def is_absolute(self) -> bool:
         return True
 
+    @property
+    def profile(self) -> str:
+        return self.url.split("://", 1)[1].split("/", 1)[0]
+
+    def _call(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        """``fn(EPath)``; a failure of the store (unreachable endpoint, refused credentials, no such
+        profile) is a one-line ``ConfigError`` naming the URL, the profile and the cause. A missing
+        object stays ``FileNotFoundError``."""
+        try:
+            return fn(self._epath())
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            config = os.environ.get("MSC_CONFIG") or "~/.msc_config.yaml"
+            cause = " ".join(f"{type(e).__name__}: {e}".split())[:400]
+            raise ConfigError(f"{self.url}: the object store cannot be read ({what}: {cause}); check the profile "
+                              f"{self.profile!r} in the multi-storage-client config {config} (its endpoint and "
+                              "credentials)") from None
+
     def is_dir(self) -> bool:
-        return bool(self._epath().is_dir())
+        return bool(self._call("a listing", lambda p: p.is_dir()))
 
     def is_file(self) -> bool:
-        return bool(self._epath().is_file())
+        return bool(self._call("a metadata request", lambda p: p.is_file()))
 
     def exists(self) -> bool:
         return self.is_file() or self.is_dir()
 
     def read_bytes(self) -> bytes:
-        try:
-            return self._epath().read_bytes()
-        except FileNotFoundError:
-            raise
-        except Exception as e:                      # the store's "no such key" arrives in many types
-            if not self.is_file():
-                raise FileNotFoundError(f"{self.url}: no such object") from e
-            raise
+        if not self.is_file():
+            raise FileNotFoundError(f"{self.url}: no such object")
+        return self._call("a read", lambda p: p.read_bytes())
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
 
     def size(self) -> int:
-        return int(self._epath().size())
+        return int(self._call("a metadata request", lambda p: p.size()))
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        def read(p: Any) -> bytes:
+            with p.open("rb") as f:
+                f.seek(offset)
+                return f.read(length)
+
+        return self._call("a ranged read", read)
 
 
 DataPath = Union[Path, RemotePath]
@@ -148,9 +172,7 @@ def object_size(path: DataPath) -> int:
 def read_range(path: DataPath, offset: int, length: int) -> bytes:
     """``length`` bytes of a file or an object from ``offset`` (fewer at its end): one ranged read."""
     if isinstance(path, RemotePath):
-        with path._epath().open("rb") as f:
-            f.seek(offset)
-            return f.read(length)
+        return path.read_range(offset, length)
     with open(path, "rb") as f:
         f.seek(offset)
         return f.read(length)
