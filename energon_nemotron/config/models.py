@@ -127,7 +127,7 @@ class EnergonSource(StrictModel):
     @classmethod
     def _location(cls, v: Any) -> Any:
         if not isinstance(v, (str, Path)):
-            raise ValueError(f"expected a local path or an msc://PROFILE/PATH URL; got {describe_value(v)}")
+            raise ValueError(f"expected {FIELD_HINTS['data.train.path']}; got {describe_value(v)}")
         return data_location(v)
 
 
@@ -160,8 +160,8 @@ FIELD_HINTS = {
     "data": "a mapping with at least train: {path: DATASET}",
     "data.train": SOURCE_HINT, "data.validation": f"null or {SOURCE_HINT}",
     "data.train.path": "the dataset to read (Energon: a folder prepared with `energon prepare`, a metadataset "
-                       ".yaml or a prepared .jsonl; megatron_sft_packed: a .jsonl.packed file or the "
-                       "OUT.manifest.json of its shards)",
+                       ".yaml or a prepared .jsonl, local or msc://PROFILE/PATH; megatron_sft_packed: a "
+                       ".jsonl.packed file or the OUT.manifest.json of its shards)",
     "data.train.seq_length": "the row length L the megatron_sft_packed file was packed for",
 }
 FIELD_HINTS["data.validation.path"] = FIELD_HINTS["data.train.path"]
