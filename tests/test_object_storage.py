@@ -148,3 +148,23 @@ def test_an_unreachable_endpoint_is_one_line_naming_the_profile(object_store, tm
 def test_a_missing_object_is_named(object_store):
     with pytest.raises(ConfigError, match=r"data.train.path: 'msc://lake/nothing/here' does not exist"):
         read(object_store.url("nothing/here"), 0)
+
+
+def test_a_prepared_jsonl_on_object_storage_reads_as_on_disk(object_store, tmp_path):
+    import json
+
+    from energon_data import energon
+
+    rows = [{"messages": [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": f"A{i}."}]}
+            for i in range(12)]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    energon("prepare", str(data))
+    url = object_store.upload_jsonl(data, "jsonl")
+    batches = {}
+    for path in (str(data), url):
+        cfg = text_config(path, workers=0, shuffle_buffer_size=4)
+        cfg["data"]["default_cooker"] = "openai_messages"
+        batches[path] = list(build_train_loader(cfg, repeat=False))
+    assert len(batches[url]) == len(batches[str(data)]) == 12
+    assert all(batches_equal(a, b) for a, b in zip(batches[str(data)], batches[url]))
