@@ -168,3 +168,26 @@ def test_a_prepared_jsonl_on_object_storage_reads_as_on_disk(object_store, tmp_p
         batches[path] = list(build_train_loader(cfg, repeat=False))
     assert len(batches[url]) == len(batches[str(data)]) == 12
     assert all(batches_equal(a, b) for a, b in zip(batches[str(data)], batches[url]))
+
+
+def test_the_start_up_checks_cost_six_operations_per_shard_and_read_no_shard(corpus, monkeypatch):
+    """The store operations a start makes (each one Energon path call: a listing, a metadata
+    request, a read or a ranged read), counted: 6 per shard of the split plus a constant, and no
+    read touches a shard (reads are of .nv-meta files; ranged reads of .tar.idx files)."""
+    from energon_nemotron._energon import storage
+    from energon_nemotron.loading.preflight import check_source
+
+    local, url = corpus
+    calls = []
+    real = storage.RemotePath._call
+
+    def counted(self, what, fn):
+        calls.append((what, self.url))
+        return real(self, what, fn)
+
+    monkeypatch.setattr(storage.RemotePath, "_call", counted)
+    check_source(url, "train")
+    shards = len(list(local.rglob("*.tar")))
+    assert shards >= 5 and len(calls) <= 6 * shards + 20, (shards, len(calls))
+    assert all(".nv-meta/" in u for what, u in calls if what == "a read"), calls
+    assert all(u.endswith(".tar.idx") for what, u in calls if what == "a ranged read"), calls
