@@ -191,3 +191,11 @@ def test_the_start_up_checks_cost_six_operations_per_shard_and_read_no_shard(cor
     assert shards >= 5 and len(calls) <= 6 * shards + 20, (shards, len(calls))
     assert all(".nv-meta/" in u for what, u in calls if what == "a read"), calls
     assert all(u.endswith(".tar.idx") for what, u in calls if what == "a ranged read"), calls
+
+
+def test_refused_credentials_are_one_line_naming_the_profile_and_the_403(object_store):
+    """Profile ``denied``: a server that checks credentials and knows none of them."""
+    with pytest.raises(ConfigError, match=r"^msc://denied/corpus: the object store cannot be read \(a listing: "
+                                          r"PermissionError: .*status_code: 403\); check the profile 'denied' in "
+                                          r"the multi-storage-client config .* \(its endpoint and credentials\)$"):
+        read("msc://denied/corpus", 0)
