@@ -199,3 +199,25 @@ def test_refused_credentials_are_one_line_naming_the_profile_and_the_403(object_
                                           r"PermissionError: .*status_code: 403\); check the profile 'denied' in "
                                           r"the multi-storage-client config .* \(its endpoint and credentials\)$"):
         read("msc://denied/corpus", 0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_header_inside_a_shard_on_the_store_is_named_at_read(corpus, object_store, tmp_path, workers):
+    """The start-up checks cannot see garbage over a sample's tar header (sizes and offsets agree);
+    the read that meets it names the msc:// shard, the sample and what is wrong, read from the store."""
+    import shutil
+
+    from bad_inputs import damage_shard
+
+    local, _ = corpus
+    copy = tmp_path / "corpus"
+    shutil.copytree(local, copy)
+    shard = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*.tar"))[1]
+    damage_shard(copy / shard, "garbage_header")
+    url = object_store.upload(copy, f"header-{workers}")
+    loader = build_train_loader(text_config(url, workers=workers), repeat=False)      # the start passes
+    with pytest.raises(ConfigError) as e:
+        list(loader)
+    cause = e.value.__cause__ or e.value
+    assert f"{url}/{shard}: sample " in str(e.value) and "cannot be read: no valid tar header at byte " in \
+        str(e.value), f"{type(cause).__name__}: {e.value}"

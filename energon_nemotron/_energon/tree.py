@@ -4,11 +4,11 @@ worker slices, how a leaf reads a sample, and the restore keys that name samples
 from __future__ import annotations
 
 from bisect import bisect_right
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from megatron.energon.flavors.webdataset.sample_loader import RawSampleData
 
+from energon_nemotron._energon.storage import as_data_path
 from energon_nemotron.errors import sample_where
 
 
@@ -90,17 +90,18 @@ def reader_jsonl(reader: Any) -> Optional[str]:
     return None if where is None else str(where)
 
 
-def reader_position(reader: Any, index: int) -> Optional[tuple[Path, str, int, int, Path]]:
+def reader_position(reader: Any, index: int) -> Optional[tuple[Any, str, int, int, Any]]:
     """``(shard path, shard name, samples in the shard, position in it, dataset folder)`` of global
-    sample ``index`` of a tar-shard reader; None for another reader."""
+    sample ``index`` of a tar-shard reader (paths: a local ``Path`` or an ``msc://`` ``RemotePath``);
+    None for another reader."""
     if not (hasattr(reader, "shard_count_cumsum") and hasattr(reader, "shard_infos")):
         return None
     at = bisect_right(reader.shard_count_cumsum, index) - 1
     if not 0 <= at < len(reader.shard_infos):
         return None
     shard = reader.shard_infos[at]
-    return (Path(str(shard.path)), shard.name, shard.count, index - reader.shard_count_cumsum[at],
-            Path(str(reader.base_path)))
+    return (as_data_path(str(shard.path)), shard.name, shard.count, index - reader.shard_count_cumsum[at],
+            as_data_path(str(reader.base_path)))
 
 
 def read_leaf_sample(leaf: Any, index: int) -> Any:

@@ -18,7 +18,6 @@ in the parent, under every ``on_error`` (``ErrorPolicy`` never counts it as a sk
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any, Optional
@@ -32,12 +31,8 @@ BLOCK = 512
 
 
 def _offsets(idx: Any, *positions: int) -> list[int]:
-    """The uint64 entries of an index file at ``positions``."""
-    fd = os.open(idx, os.O_RDONLY)
-    try:
-        return [struct.unpack("<Q", os.pread(fd, 8, 8 * i))[0] for i in positions]
-    finally:
-        os.close(fd)
+    """The uint64 entries of an index file (local or ``msc://``) at ``positions``."""
+    return [struct.unpack("<Q", read_range(as_data_path(idx), 8 * i, 8))[0] for i in positions]
 
 
 def _header_ok(block: bytes) -> bool:
@@ -54,12 +49,9 @@ def _header_ok(block: bytes) -> bool:
 
 
 def header_problem(shard: Any, offset: int) -> Optional[str]:
-    """Why the 512 bytes at ``offset`` of ``shard`` are not a tar header (None: they are one)."""
-    fd = os.open(shard, os.O_RDONLY)
-    try:
-        block = os.pread(fd, BLOCK, offset)
-    finally:
-        os.close(fd)
+    """Why the 512 bytes at ``offset`` of ``shard`` (local or ``msc://``) are not a tar header
+    (None: they are one)."""
+    block = read_range(as_data_path(shard), offset, BLOCK)
     return None if _header_ok(block) else f"no valid tar header at byte {offset}"
 
 
@@ -110,8 +102,7 @@ def jsonl_problem(path: Path) -> Optional[str]:
         return f"{path}: its index {idx.name} is missing (the file is not prepared)"
     if rest or entries < 2:
         return f"{path}: its index {idx.name} is damaged ({entries * 8 + rest} bytes)"
-    first, = struct.unpack("<Q", read_range(idx, 0, 8))
-    end, = struct.unpack("<Q", read_range(idx, 8 * (entries - 1), 8))
+    first, end = _offsets(idx, 0, entries - 1)
     size = object_size(path)
     if first != 0 or end != size:
         return f"{path}: the file has {size} bytes but its index {idx.name} covers bytes {first}..{end}: " \
