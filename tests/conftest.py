@@ -93,7 +93,7 @@ def object_store(tmp_path_factory):
 
     from object_store import ObjectStore
 
-    store = ObjectStore.start(tmp_path_factory.mktemp("object_store"), free_port(), free_port(), free_port())
+    store = ObjectStore.start(tmp_path_factory.mktemp("object_store"), free_port(), free_port(), free_port(), free_port())
     before = os.environ.get("MSC_CONFIG")
     os.environ["MSC_CONFIG"] = str(store.config)
     try:

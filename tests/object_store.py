@@ -15,14 +15,16 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import yaml
 
 #: the profile and bucket the tests use (``msc://lake/...``), a profile whose endpoint does not
-#: answer, one whose server refuses the credentials, and the credentials the first server takes
-PROFILE, BUCKET, DOWN, DENIED = "lake", "lake", "down", "denied"
+#: answer, one whose server refuses the credentials, one that reaches the first server through a
+#: proxy that cuts connections, and the credentials the first server takes
+PROFILE, BUCKET, DOWN, DENIED, CUT = "lake", "lake", "down", "denied", "cut"
 ACCESS_KEY, SECRET_KEY = "energon-nemotron-test", "energon-nemotron-test-secret"
 
 
@@ -53,30 +55,135 @@ def serve(port: int, timeout: float = 60.0, **env: str) -> subprocess.Popen:
             time.sleep(0.1)
 
 
+class CutProxy:
+    """A TCP proxy on 127.0.0.1:``port`` in front of ``target`` (threads of this process) that
+    cuts connections in the middle of a response: once armed (:meth:`arm`), a response to a GET
+    whose path ends with ``suffix`` is closed after ``after`` bytes of its body, for the next
+    ``cuts`` such responses (then it forwards again). ``cut`` counts the connections it cut."""
+
+    def __init__(self, port: int, target: int) -> None:
+        self.target, self.cut, self._cuts, self._after, self._suffix = target, 0, 0, 0, ""
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", port))
+        self._server.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="cut-proxy", daemon=True)
+        self._thread.start()
+
+    def arm(self, cuts: int, after: int, suffix: str = ".tar") -> None:
+        """Cut the next ``cuts`` responses to GETs of ``*suffix`` after ``after`` body bytes."""
+        with self._lock:
+            self._cuts, self._after, self._suffix, self.cut = cuts, after, suffix, 0
+
+    def _take_cut(self, path: str) -> bool:
+        with self._lock:
+            if self._cuts > 0 and path.split("?", 1)[0].endswith(self._suffix):
+                self._cuts -= 1
+                self.cut += 1
+                return True
+            return False
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        """One client connection: requests go upstream as they are; each response comes back whole,
+        or is cut (both sockets closed) ``after`` bytes into its body."""
+        upstream = socket.create_connection(("127.0.0.1", self.target), timeout=30)
+        client.settimeout(30)
+        try:
+            while not self._stop.is_set():
+                request = _read_head(client)
+                if request is None:
+                    return
+                head, body = request
+                length = _content_length(head)
+                while len(body) < length:
+                    chunk = client.recv(65536)
+                    if not chunk:
+                        return
+                    body += chunk
+                upstream.sendall(head + body)
+                line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+                cut = line[0] == "GET" and self._take_cut(line[1])
+                response = _read_head(upstream)
+                if response is None:
+                    return
+                rhead, rbody = response
+                status = rhead.split(b" ", 2)[1]
+                rlength = 0 if line[0] == "HEAD" or status in (b"204", b"304") else _content_length(rhead)
+                while len(rbody) < rlength:
+                    chunk = upstream.recv(65536)
+                    if not chunk:
+                        return
+                    rbody += chunk
+                if cut:
+                    client.sendall(rhead + rbody[:self._after])
+                    return
+                client.sendall(rhead + rbody)
+        except OSError:
+            return
+        finally:
+            client.close()
+            upstream.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        self._server.close()
+
+
+def _read_head(sock: socket.socket):
+    """The bytes of one HTTP message head (to its blank line) and the body bytes read past it;
+    ``None`` when the peer closed the connection first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    end = data.index(b"\r\n\r\n") + 4
+    return data[:end], data[end:]
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
 class ObjectStore:
     """The moto servers on 127.0.0.1 and the MSC profiles that point at them."""
 
-    def __init__(self, port: int, procs: list, config: Path) -> None:
-        self.port, self.procs, self.config = port, procs, config
+    def __init__(self, port: int, procs: list, config: Path, proxy: CutProxy) -> None:
+        self.port, self.procs, self.config, self.proxy = port, procs, config, proxy
         self.endpoint = f"http://127.0.0.1:{port}"
 
     @classmethod
-    def start(cls, folder: Path, port: int, down_port: int, denied_port: int) -> "ObjectStore":
+    def start(cls, folder: Path, port: int, down_port: int, denied_port: int, cut_port: int) -> "ObjectStore":
         """Start the servers and write the MSC config file into ``folder``: profile ``lake`` for
         the server on ``port`` (its bucket made), ``down`` for ``down_port``, where nothing listens
-        (an unreachable endpoint), and ``denied`` for a second server on ``denied_port`` that checks
-        every request's credentials and knows none (a 403)."""
+        (an unreachable endpoint), ``denied`` for a second server on ``denied_port`` that checks
+        every request's credentials and knows none (a 403), and ``cut`` for a :class:`CutProxy` on
+        ``cut_port`` in front of the first server."""
         procs = [serve(port)]
         try:
             procs.append(serve(denied_port, INITIAL_NO_AUTH_ACTION_COUNT="0"))
         except Exception:
             procs[0].kill()
             raise
-        store = cls(port, procs, Path(folder) / "msc_config.yaml")
+        store = cls(port, procs, Path(folder) / "msc_config.yaml", CutProxy(cut_port, port))
         store.client().create_bucket(Bucket=BUCKET)
         store.config.write_text(yaml.safe_dump({"profiles": {
             PROFILE: profile(store.endpoint), DOWN: profile(f"http://127.0.0.1:{down_port}"),
-            DENIED: profile(f"http://127.0.0.1:{denied_port}")}}))
+            DENIED: profile(f"http://127.0.0.1:{denied_port}"), CUT: profile(f"http://127.0.0.1:{cut_port}")}}))
         return store
 
     def client(self):
@@ -105,7 +212,8 @@ class ObjectStore:
         return f"msc://{PROFILE}/{prefix}"
 
     def stop(self, timeout: float = 30.0) -> None:
-        """End the servers (SIGTERM, then SIGKILL after ``timeout``) and wait for them."""
+        """End the proxy and the servers (SIGTERM, then SIGKILL after ``timeout``) and wait for them."""
+        self.proxy.stop()
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()

@@ -5,6 +5,7 @@ start-up checks run on the store; the URL is never joined to the config's folder
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -226,3 +227,43 @@ def test_a_damaged_header_inside_a_shard_on_the_store_is_named_at_read(corpus, o
     cause = e.value.__cause__ or e.value
     assert f"{url}/{shard}: sample " in str(e.value) and "cannot be read: no valid tar header at byte " in \
         str(e.value), f"{type(cause).__name__}: {e.value}"
+
+
+# -- a connection cut in the middle of a shard read ----------------------------------------------------
+@pytest.fixture(scope="module")
+def cut_corpus(corpus, object_store):
+    """The corpus behind the ``cut`` profile: the same objects, reached through the proxy that cuts
+    connections (``msc://cut/cut/corpus``; the folder's name, and so the sample keys, as local)."""
+    local, _ = corpus
+    object_store.upload(local, "cut/corpus")
+    yield local, "msc://cut/cut/corpus"
+    object_store.proxy.arm(cuts=0, after=0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_connection_cut_inside_a_shard_read_is_retried_and_changes_no_batch(cut_corpus, object_store, workers):
+    """The first GET of a shard is cut 100 bytes into its body (the proxy closes the connection);
+    the multi-storage-client fetches it again, and every batch is the one read from local disk."""
+    local, url = cut_corpus
+    object_store.proxy.arm(cuts=1, after=100)
+    there = read(url, workers)
+    assert object_store.proxy.cut == 1
+    here = read(local, workers)
+    assert len(here) == len(there) > 0 and all(batches_equal(a, b) for a, b in zip(here, there))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shard_whose_connections_keep_being_cut_fails_naming_it(cut_corpus, object_store, workers):
+    """Every GET of a shard is cut: after the client's bounded retries the read fails in one line
+    naming the msc:// shard, the sample, the broken transfer and the profile; the start passed."""
+    _, url = cut_corpus
+    loader = build_train_loader(text_config(url, workers=workers), repeat=False)
+    object_store.proxy.arm(cuts=10**9, after=100)
+    with pytest.raises(DatasetError) as e:
+        list(loader)
+    message = str(e.value)
+    assert re.match(rf"^{url}/parts/data-\d\.tar: sample \d+ of the shard( \(key '[^']+'\))? could not be fetched "
+                    r"from the object store \(.*IncompleteRead.*\), after the multi-storage-client's retries; its size "
+                    r"and index agree, so the transfer failed, not the shard: check the endpoint of profile 'cut'",
+                    message), message
+    assert "\n" not in message and object_store.proxy.cut >= 2

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from energon_nemotron._energon import indexed_sample_key, reader_jsonl, reader_position, wrap_leaf_readers
-from energon_nemotron._energon.storage import as_data_path, object_size, read_range
+from energon_nemotron._energon.storage import RemotePath, as_data_path, object_size, read_range
 from energon_nemotron.errors import DatasetError
 from energon_nemotron.guards.energon_files import META, info_counts, load_yaml_file, split_file
 
@@ -189,6 +189,15 @@ def _sample_key(dataset: Path, shard_name: str, position: int) -> Optional[str]:
         return None
 
 
+def _causes(exc: BaseException, depth: int = 3) -> str:
+    """``Type: message`` of an exception and of the exceptions that caused it (up to ``depth``)."""
+    parts, seen = [], exc
+    while seen is not None and len(parts) < depth:
+        parts.append(" ".join(f"{type(seen).__name__}: {seen}".split())[:300])
+        seen = seen.__cause__ or seen.__context__
+    return "; caused by ".join(parts)
+
+
 def read_failure(reader: Any, index: int, exc: BaseException) -> str:
     """The message for a sample that Energon's ``reader`` could not read at global ``index``."""
     cause = f"{type(exc).__name__}: {exc}"
@@ -204,9 +213,14 @@ def read_failure(reader: Any, index: int, exc: BaseException) -> str:
                 found = header_problem(path, offset)
             except Exception:
                 found = None
+        where = f"{path}: sample {position} of the shard" + (f" (key {key!r})" if key else "")
+        if found is None and isinstance(path, RemotePath):
+            return (f"{where} could not be fetched from the object store ({_causes(exc)}), after the "
+                    "multi-storage-client's retries; its size and index agree, so the transfer failed, "
+                    f"not the shard: check the endpoint of profile {path.profile!r} and the network, then "
+                    "resume from the last saved state (no batch was changed)")
         detail = found.removeprefix(f"{path}: ") if found else cause
-        return (f"{path}: sample {position} of the shard" + (f" (key {key!r})" if key else "")
-                + f" cannot be read: {detail}. The shard or its index is damaged: {fix.format(dataset)}")
+        return f"{where} cannot be read: {detail}. The shard or its index is damaged: {fix.format(dataset)}"
     jsonl = reader_jsonl(reader)
     if jsonl is not None:
         return f"{jsonl}: sample {index} cannot be read ({cause}); re-run `energon prepare {jsonl}`"
