@@ -1,0 +1,109 @@
+"""Throughput of the loader reading its shards from object storage (``msc://``) against reading the
+same shards from local disk, side by side in one run (issue 47, goal ≥ 0.8× local).
+
+The store is moto's S3-compatible server, started by this script on 127.0.0.1 (``tests/object_store.py``:
+the server and the multi-storage-client profile the tests use), on this machine: its CPU time
+competes with the loader's two workers for the same cores, which a production store, elsewhere,
+does not. Each side is one ``build_train_loader`` (2 workers, built once before any clock starts,
+one untimed warm-up epoch), then epochs alternating local/msc, median of the rounds:
+
+- text: ``text_path``'s conversations and shards (2,000; ``--quick``: 300), the same encoder
+  (``nemotron6``, best-fit-decreasing, buffer 256, seq_length 8192). Tokens must be equal, and every
+  batch of the two sides bit-for-bit equal in the warm-up epoch (checked).
+
+``ratio`` = msc tokens/s ÷ local tokens/s. Also reports
+the seconds of each side and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import _common as C  # noqa: E402
+import text_path as T  # noqa: E402
+
+sys.path.insert(0, str(C.BENCH_DIR.parent / "tests"))
+import object_store as S  # noqa: E402
+
+GOAL = 0.8
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def epoch(loader) -> dict:
+    """One pass over ``loader``: seconds, real tokens, samples, and the batches."""
+    t = time.perf_counter()
+    batches = list(loader)
+    return {"s": time.perf_counter() - t, "tokens": sum(int(c[-1]) for b in batches for c in b.cu_seqlens),
+            "samples": sum(len(k) for b in batches for k in b.sample_keys), "batches": batches}
+
+
+def compare(loaders: dict, rounds: int) -> dict:
+    """Warm-up epoch (checked bit for bit), then ``rounds`` timed epochs alternating the sides."""
+    from energon_nemotron.parallel.broadcast import batches_equal
+
+    first = {k: epoch(v) for k, v in loaders.items()}
+    a, b = first["local"], first["msc"]
+    if a["tokens"] != b["tokens"] or len(a["batches"]) != len(b["batches"]) or not all(
+            batches_equal(x, y) for x, y in zip(a["batches"], b["batches"])):
+        raise AssertionError("the batches read from msc:// differ from those read from local disk")
+    times: dict[str, list[float]] = {"local": [], "msc": []}
+    for r in range(rounds):
+        for side in (("local", "msc") if r % 2 == 0 else ("msc", "local")):
+            times[side].append(epoch(loaders[side])["s"])
+    out = {f"{k}_s": C.median(v) for k, v in times.items()}
+    out.update(tokens=a["tokens"], samples=a["samples"], ratio=out["local_s"] / out["msc_s"])
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="300 conversations instead of 2,000")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    n = 300 if args.quick else 2000
+
+    C.limit_threads()
+    from energon_nemotron.loading import build_train_loader
+
+    dataset = T.build_dataset(C.CACHE_DIR / "text_path" / f"n{n}", n)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = S.ObjectStore.start(Path(tmp), free_port(), free_port(), free_port(), free_port())
+        try:
+            os.environ["MSC_CONFIG"] = str(store.config)
+            t = time.perf_counter()
+            url = store.upload(dataset, f"bench/{dataset.name}")
+            upload_s = time.perf_counter() - t
+            loaders = {}
+            for side, path in (("local", str(dataset)), ("msc", url)):
+                cfg = T.loader_config(Path(path))
+                cfg["data"]["train"]["path"] = path
+                cfg["loader"]["num_workers"] = 2
+                loaders[side] = build_train_loader(cfg, repeat=False)
+            text = compare(loaders, args.rounds)
+        finally:
+            store.stop()
+    C.emit({"name": "object_storage", "ratio": text["ratio"], "goal": GOAL, "better": "higher",
+            "text_local_s": text["local_s"], "text_msc_s": text["msc_s"],
+            "text_local_tokens_per_s": text["tokens"] / text["local_s"],
+            "text_msc_tokens_per_s": text["tokens"] / text["msc_s"], "conversations": n,
+            "shards": len(list(dataset.rglob("*.tar"))), "upload_s": upload_s, "rounds": args.rounds,
+            "workers": 2, "loadavg_1min": os.getloadavg()[0]})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
