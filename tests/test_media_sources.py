@@ -325,7 +325,8 @@ def test_media_roots_enter_the_fingerprint(roots_corpus):
 def test_bad_aux_sources_are_named_at_start(tmp_path):
     """Aux sources Energon would fail on with a raw AssertionError (or read as if empty): a folder that
     is not a prepared dataset, a missing or garbage index.sqlite, a filesystem:// folder that does not
-    exist: one ConfigError at start naming each."""
+    exist, an msc:// source whose profile the multi-storage-client does not know: one ConfigError at
+    start naming each."""
     import shutil
 
     from energon_data import text_config, text_dataset
@@ -349,7 +350,10 @@ def test_bad_aux_sources_are_named_at_start(tmp_path):
     assert "aux source 'a' ('plain'): " in text and "not a prepared dataset (no .nv-meta/index.sqlite)" in text
     assert "aux source 'b' ('noindex'): " in text and "aux source 'c' ('garbage'): " in text
     assert "is not an SQLite index (damaged)" in text and "aux source 'd' ('filesystem://nowhere'): the folder" in text
-    assert "'e'" not in text and "'f'" not in text
+    assert "'e'" not in text
+    assert "aux source 'f' ('msc://bucket/x'): msc://bucket/x/.nv-meta/index.sqlite: the object store cannot be " \
+        "read" in text and 'Profile "bucket" not found' in text
+    assert "check the profile 'bucket'" in text
 
 
 def test_an_oversized_aux_entry_is_refused_before_it_is_read(aux_corpus, tmp_path):

@@ -17,6 +17,7 @@ from energon_nemotron.config import load_config
 from energon_nemotron.errors import ConfigError, DatasetError
 from energon_nemotron.loading import build_train_loader
 from energon_nemotron.parallel.broadcast import batches_equal
+from test_media_sources import aux_corpus  # noqa: F401  (the fixture)
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +268,59 @@ def test_a_shard_whose_connections_keep_being_cut_fails_naming_it(cut_corpus, ob
                     r"and index agree, so the transfer failed, not the shard: check the endpoint of profile 'cut'",
                     message), message
     assert "\n" not in message and object_store.proxy.cut >= 2
+
+
+# -- aux media sources on the store --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def remote_aux_mix(aux_corpus, object_store, tmp_path_factory):
+    """``aux_corpus``'s metadataset with its aux sources on the store: the prepared media shards
+    as ``msc://lake/aux/shards`` and the media folder as ``filesystem://msc://lake/aux/media``
+    (the primaries stay local, so the sample keys are those of the local mix)."""
+    object_store.upload(aux_corpus / "media", "aux/media")
+    object_store.upload(aux_corpus / "shards", "aux/shards")
+    mix = yaml.safe_load((aux_corpus / "mix.yaml").read_text())
+    for entry in mix["splits"]["train"]["blend_epochized"]:
+        entry["path"] = str(aux_corpus / entry["path"])
+        entry["aux"] = {name: f"filesystem://{object_store.url('aux/media')}" if source.startswith("filesystem://")
+                        else object_store.url(f"aux/{source}") for name, source in entry["aux"].items()}
+    out = tmp_path_factory.mktemp("remote_aux") / "mix.yaml"
+    out.write_text(yaml.safe_dump(mix))
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("pool", [False, True])
+def test_aux_media_on_the_store_read_as_their_local_copies(aux_corpus, remote_aux_mix, tmp_path, workers, pool):
+    """Images and audio named by path, found in a prepared dataset and in a folder on the store
+    (direct paths, and by basename through one listing of the folder), with and without the
+    cache pool: every batch is the one of the local aux sources."""
+    from test_media_sources import config as media_config
+
+    batches = {}
+    for name, mix in (("local", aux_corpus / "mix.yaml"), ("store", remote_aux_mix)):
+        cfg = media_config({"train": {"path": str(mix)}}, workers)
+        if pool:
+            cfg["loader"]["cache_pool"] = {"directory": str(tmp_path / f"pool-{name}")}
+        loader = build_train_loader(cfg, repeat=False)
+        batches[name] = list(loader)
+        assert loader.telemetry()["basename_fallback"] == 3
+    assert len(batches["local"]) == len(batches["store"]) > 0
+    assert all(batches_equal(a, b) for a, b in zip(batches["local"], batches["store"]))
+    assert sum(len(b.media_spans[0]) for b in batches["store"]) == 7
+
+
+def test_aux_sources_on_the_store_are_checked_at_start(aux_corpus, object_store, tmp_path):
+    """A prepared aux source whose index is not on the store, and a folder that is not there, are
+    named by their msc:// locations before Energon builds anything."""
+    url = object_store.upload(aux_corpus / "shards", "aux-noindex/shards")
+    object_store.client().delete_object(Bucket="lake", Key="aux-noindex/shards/.nv-meta/index.sqlite")
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
+        "train": {"path": str(aux_corpus / "prim" / "asr.jsonl"), "subflavors": {"cooker": "granary_asr"},
+                  "aux": {"speech": url, "more": f"filesystem://{object_store.url('aux-nowhere')}"}}}}))
+    with pytest.raises(ConfigError) as e:
+        read(mix, 0)
+    assert (f"aux source 'speech' ('{url}'): {url} is not a prepared dataset (no .nv-meta/index.sqlite)"
+            in str(e.value)), str(e.value)
+    assert "aux source 'more' ('filesystem://msc://lake/aux-nowhere'): the folder msc://lake/aux-nowhere does not " \
+        "exist" in str(e.value), str(e.value)

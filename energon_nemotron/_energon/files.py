@@ -80,9 +80,16 @@ def filesystem_entry(store: Any, key: str) -> SourceInfo:
 
 
 def store_entry_names(store: Any) -> Optional[list[str]]:
-    """Every entry name of a prepared-dataset aux source with a part table (None otherwise)."""
-    if store_kind(store) == "webdataset" and store.db_has_sample_parts:
+    """Every entry name of a prepared-dataset aux source with a part table, or of a folder aux source
+    on object storage (one recursive listing; ``.nv-meta`` left out); None otherwise (a local
+    folder is walked by the caller)."""
+    kind = store_kind(store)
+    if kind == "webdataset" and store.db_has_sample_parts:
         return [full for full, _, _ in store.list_all_sample_parts()]
+    if kind == "filesystem" and not store.base_dir.is_local():
+        base = store.base_dir
+        names = (path.relative_to(base) for path in base.walk())
+        return sorted(name for name in names if name.split("/", 1)[0] != ".nv-meta")
     return None
 
 

@@ -207,8 +207,8 @@ _INDEXES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
 
 
 def basename_index(store: Any) -> Optional[dict[str, tuple[str, ...]]]:
-    """Every entry of an aux source by basename (None: the source cannot be listed: a remote
-    folder, an index without its part table, an unknown store)."""
+    """Every entry of an aux source by basename (None: the source cannot be listed: an index
+    without its part table, an unknown store). A folder on object storage is listed once."""
     kind = store_kind(store)
     cache_key = (kind, store.get_path())
     if cache_key in _INDEXES:

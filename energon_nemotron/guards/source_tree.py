@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from energon_nemotron._energon import index_file
-from energon_nemotron._energon.storage import READ_SCHEMES, RemotePath, as_data_path, is_url
+from energon_nemotron._energon.storage import (READ_SCHEMES, DataPath, RemotePath, as_data_path,
+                                              data_location, is_url, read_range)
 from energon_nemotron.guards.energon_files import META, info_file, load_yaml_file, split_file, unprepared
 
 BLENDS = ("blend", "blend_epochized", "datasets")   # V2 blends; V1 ``datasets``
@@ -187,10 +188,21 @@ def _node(tree: Tree, path: Path, node: Any, scope: _Scope) -> None:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
+def _aux_location(metadataset: Path, text: str) -> DataPath:
+    """Where an aux source's path points: an ``msc://`` location, else a local path (relative to
+    the metadataset's folder). ``ValueError`` naming another scheme."""
+    where = data_location(text)
+    if isinstance(where, str):
+        return as_data_path(where)
+    return where if where.is_absolute() else metadataset.parent / where
+
+
 def aux_problems(path: Path, aux: Any) -> list[str]:
     """What is wrong with a dataset reference's ``aux`` sources in metadataset ``path`` (each named):
-    a ``filesystem://`` folder that does not exist, or a prepared dataset without a readable
-    ``.nv-meta/index.sqlite``. Remote sources (another ``scheme://``) are not checked here."""
+    a ``filesystem://`` folder that does not exist, a prepared dataset without a readable
+    ``.nv-meta/index.sqlite``, a scheme that is not read, a store that cannot be read. Sources on
+    object storage (``msc://``, ``filesystem://msc://``) are checked on the store: a listing, or a
+    metadata request and a 16-byte ranged read of the index."""
     if aux is None:
         return []
     if not isinstance(aux, dict):
@@ -201,29 +213,33 @@ def aux_problems(path: Path, aux: Any) -> list[str]:
         if not isinstance(source, str) or not source:
             out.append(f"{where}: expected a path, or filesystem://FOLDER")
             continue
-        if source.startswith("filesystem://"):
-            rest = source[len("filesystem://"):]
-            if "://" in rest:
-                continue
-            folder = Path(rest) if Path(rest).is_absolute() else path.parent / rest
-            if not folder.is_dir():
-                out.append(f"{where}: the folder {folder} does not exist")
-            continue
-        if "://" in source:
-            continue
-        folder = Path(source) if Path(source).is_absolute() else path.parent / source
-        index = index_file(folder / META)
         try:
-            with open(index, "rb") as f:
-                header = f.read(len(SQLITE_HEADER))
-        except OSError:
-            kind = "not a prepared dataset" if folder.is_dir() else "does not exist"
-            out.append(f"{where}: {folder} {kind} (no {META}/{index.name}): run `energon prepare` on it, or name "
-                       "a plain folder as filesystem://FOLDER")
-            continue
-        if header != SQLITE_HEADER:
-            out.append(f"{where}: {index} is not an SQLite index (damaged): re-run `energon prepare` on {folder}")
+            problem = _aux_problem(path, source)
+        except ValueError as e:                 # ConfigError (the store) or ValueError (the scheme)
+            problem = str(e)
+        if problem:
+            out.append(f"{where}: {problem}")
     return out
+
+
+def _aux_problem(metadataset: Path, source: str) -> Optional[str]:
+    """What is wrong with one aux source (None: nothing)."""
+    if source.startswith("filesystem://"):
+        folder = _aux_location(metadataset, source[len("filesystem://"):])
+        return None if folder.is_dir() else f"the folder {folder} does not exist"
+    folder = _aux_location(metadataset, source)
+    index = index_file(folder / META)
+    try:
+        header = read_range(index, 0, len(SQLITE_HEADER)) if index.is_file() else None
+    except OSError:
+        header = None
+    if header is None:
+        kind = "is not a prepared dataset" if folder.is_dir() else "does not exist"
+        return (f"{folder} {kind} (no {META}/{index.name}): run `energon prepare` on it, or name a plain folder "
+                "as filesystem://FOLDER")
+    if header != SQLITE_HEADER:
+        return f"{index} is not an SQLite index (damaged): re-run `energon prepare` on {folder}"
+    return None
 
 
 def file_sha256(path: Path) -> Optional[str]:
