@@ -11,7 +11,18 @@ one untimed warm-up epoch), then epochs alternating local/msc, median of the rou
   (``nemotron6``, best-fit-decreasing, buffer 256, seq_length 8192). Tokens must be equal, and every
   batch of the two sides bit-for-bit equal in the warm-up epoch (checked).
 
-``ratio`` = msc tokens/s ÷ local tokens/s. Also reports
+- media: ``scaling``'s 200 JPEGs of 1024×768 (``--quick``: 60) as an ``aux:`` source (a prepared
+  dataset, local or on the store) of a local JSONL of one-image ``general_conversations`` rows, read
+  with ``loader.cache_pool`` set (Energon's ``FileStoreCachePool``); the first epoch is the untimed
+  warm-up, so ``media_ratio`` is the epochs after it. Energon's pool prefetches the aux entries of
+  the samples in flight and deletes each once read: it keeps nothing across epochs, so every epoch
+  reads the images from the store again.
+
+A prepared aux source on the store is read one ranged GET per entry (its bytes, from the
+index), twice per image: the header in the plan, the decode when packed.
+
+``ratio`` = msc tokens/s ÷ local tokens/s (text); ``media_ratio`` the same for the images
+(``media_met``: ≥ 0.8). Also reports
 the seconds of each side and the load average.
 """
 
@@ -27,6 +38,7 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import _common as C  # noqa: E402
+import scaling as SC  # noqa: E402
 import text_path as T  # noqa: E402
 
 sys.path.insert(0, str(C.BENCH_DIR.parent / "tests"))
@@ -69,6 +81,37 @@ def compare(loaders: dict, rounds: int) -> dict:
     return out
 
 
+def media_sources(aux: Path, folder: Path) -> Path:
+    """A local JSONL naming each image of the prepared dataset ``aux`` by its member name
+    (``KEY.jpg``), prepared; the rows' conversations are those of ``aux``'s samples."""
+    import json
+    import tarfile
+
+    from energon_nemotron.demo.datasets import energon
+
+    rows = []
+    for shard in sorted((aux / "parts").glob("*.tar"), key=lambda p: int(p.stem.split("-")[1])):
+        with tarfile.open(shard) as tf:
+            for member in tf:
+                if member.name.endswith(".json"):
+                    turns = json.loads(tf.extractfile(member).read())["conversations"]
+                    rows.append({"conversations": turns, "image": member.name[:-len(".json")] + ".jpg"})
+    folder.mkdir(parents=True, exist_ok=True)
+    jsonl = folder / "rows.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    energon("prepare", str(jsonl))
+    return jsonl
+
+
+def media_mix(jsonl: Path, aux: str, out: Path) -> Path:
+    """A metadataset: ``jsonl`` with the aux source ``media`` = ``aux`` (a path or a URL)."""
+    import yaml
+
+    out.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
+        "train": {"path": str(jsonl), "aux": {"media": aux}, "subflavors": {"cooker": "general_conversations"}}}}))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="300 conversations instead of 2,000")
@@ -94,13 +137,28 @@ def main(argv=None) -> int:
                 cfg["loader"]["num_workers"] = 2
                 loaders[side] = build_train_loader(cfg, repeat=False)
             text = compare(loaders, args.rounds)
+            del loaders
+
+            images = 60 if args.quick else SC.SAMPLES
+            aux = SC.build_dataset(C.CACHE_DIR / "scaling" / f"n{images}", images)
+            jsonl = media_sources(aux, Path(tmp) / "media")
+            aux_url = store.upload(aux, f"bench/media/{aux.name}")
+            loaders = {}
+            for side, where in (("local", str(aux)), ("msc", aux_url)):
+                cfg = SC.loader_config(str(media_mix(jsonl, where, Path(tmp) / f"{side}.yaml")), 2)
+                cfg["loader"]["cache_pool"] = {"directory": str(Path(tmp) / f"pool-{side}")}
+                loaders[side] = build_train_loader(cfg, repeat=False)
+            media = compare(loaders, args.rounds)
+            del loaders
         finally:
             store.stop()
     C.emit({"name": "object_storage", "ratio": text["ratio"], "goal": GOAL, "better": "higher",
             "text_local_s": text["local_s"], "text_msc_s": text["msc_s"],
             "text_local_tokens_per_s": text["tokens"] / text["local_s"],
             "text_msc_tokens_per_s": text["tokens"] / text["msc_s"], "conversations": n,
-            "shards": len(list(dataset.rglob("*.tar"))), "upload_s": upload_s, "rounds": args.rounds,
+            "shards": len(list(dataset.rglob("*.tar"))), "upload_s": upload_s,
+            "media_ratio": media["ratio"], "media_goal": GOAL, "media_met": media["ratio"] >= GOAL, "media_local_s": media["local_s"],
+            "media_msc_s": media["msc_s"], "media_images": media["samples"], "rounds": args.rounds,
             "workers": 2, "loadavg_1min": os.getloadavg()[0]})
     return 0
 

@@ -324,3 +324,34 @@ def test_aux_sources_on_the_store_are_checked_at_start(aux_corpus, object_store,
             in str(e.value)), str(e.value)
     assert "aux source 'more' ('filesystem://msc://lake/aux-nowhere'): the folder msc://lake/aux-nowhere does not " \
         "exist" in str(e.value), str(e.value)
+
+
+def test_an_aux_entry_on_the_store_is_one_ranged_read_of_its_bytes(aux_corpus, remote_aux_mix, monkeypatch):
+    """Each read of a prepared aux source's entry on the store is one ranged read of exactly the
+    entry's bytes (from its index): no shard is opened, which would download all of it."""
+    from test_media_sources import config as media_config
+
+    from energon_nemotron._energon import storage
+
+    reads = []
+    real = storage.RemotePath.read_range
+
+    def counted(self, offset, length):
+        reads.append((self.url, offset, length))
+        return real(self, offset, length)
+
+    monkeypatch.setattr(storage.RemotePath, "read_range", counted)
+    shard_opens = []
+    from megatron.energon.epathlib import EPath
+
+    real_open = EPath.open
+    monkeypatch.setattr(EPath, "open", lambda self, *a, **k: shard_opens.append(str(self)) or real_open(self, *a, **k))
+    batches = list(build_train_loader(media_config({"train": {"path": str(remote_aux_mix)}}, 0), repeat=False))
+    media = [r for r in reads if "/aux/shards/parts/" in r[0]]
+    assert batches and len(media) == 2 * 4, reads          # 4 entries of the shards source, header + decode each
+    import tarfile
+
+    with tarfile.open(aux_corpus / "shards" / "parts" / "data-0.tar") as tf:   # the local copy of the shard
+        members = {(m.offset_data, m.size) for m in tf if m.name.split(".")[-1] in ("jpg", "png", "wav")}
+    assert {(offset, length) for _, offset, length in media} == members
+    assert not [u for u in shard_opens if u.endswith(".tar") and "/aux/shards/" in u], shard_opens

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from energon_nemotron._energon.compat import SUPPORTED, check_version
 from energon_nemotron._energon.files import (add_source_info, entry_size, filesystem_entry, index_file, indexed_sample_key, load_yaml,
-                                             set_nvdataset_cache_dir, store_entry_names, store_kind, store_local_base,
+                                             remote_entry_range, set_nvdataset_cache_dir, store_entry_names, store_kind, store_local_base,
                                              webdataset_entry)
 from energon_nemotron._energon.packing_stage import BufferContext, CarryingPackingDataset, packing_stage
 from energon_nemotron._energon.patches import (guard_jsonl_lines, name_watchdog_timeouts, one_line_shard_failures,
@@ -43,7 +43,7 @@ __all__ = ["SUPPORTED", "check_version",
            "quiet_error_prints", "quiet_progress", "guard_jsonl_lines", "name_watchdog_timeouts", "stop_watchdog_threads",
            "one_line_shard_failures",
            # files and aux sources
-           "load_yaml", "store_kind", "store_local_base", "webdataset_entry", "entry_size", "index_file", "filesystem_entry", "store_entry_names",
+           "load_yaml", "store_kind", "store_local_base", "webdataset_entry", "entry_size", "index_file", "filesystem_entry", "store_entry_names", "remote_entry_range",
            "add_source_info", "indexed_sample_key", "set_nvdataset_cache_dir",
            # the dataset tree, its leaves and restore keys
            "LEAF", "SELECTORS", "inner_datasets", "is_leaf", "leaf_readers", "wrap_leaf_readers", "leaf_size",

@@ -74,6 +74,24 @@ def entry_size(store: Any, key: str) -> Optional[int]:
     return None
 
 
+def remote_entry_range(store: Any, key: str) -> Optional[tuple[str, int, int]]:
+    """``(shard URL, byte offset, byte size)`` of entry ``key`` of a prepared-dataset aux source on
+    object storage, from its index (None: a local source, an index without its part table, no such
+    entry). One ranged read of these bytes fetches the entry; Energon's own read opens the shard,
+    which on object storage downloads the whole shard for each entry."""
+    if store_kind(store) != "webdataset" or store.base_path.is_local() or not store.db_has_sample_parts:
+        return None
+    m = split_name_re.match(key)
+    if not m:
+        return None
+    try:
+        part = store.sqlite_reader.get_sample_part(m.group(1), m.group(2))
+    except KeyError:
+        return None
+    shard = store.base_path / store.tar_filenames[part.tar_file_id]
+    return str(shard), int(part.raw_byte_offset), int(part.raw_byte_size)
+
+
 def filesystem_entry(store: Any, key: str) -> SourceInfo:
     """The source info a folder aux source records for entry ``key``."""
     return SourceInfo(dataset_path=store.base_dir, index=key, shard_name=str(store.base_dir), file_names=(key,))

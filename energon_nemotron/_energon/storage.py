@@ -141,10 +141,14 @@ class RemotePath:
         return int(self._call("a metadata request", lambda p: p.size()))
 
     def read_range(self, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset``: one ranged GET through the profile's client (opening
+        the object instead would download all of it)."""
+        from multistorageclient.types import Range
+
         def read(p: Any) -> bytes:
-            with p.open("rb") as f:
-                f.seek(offset)
-                return f.read(length)
+            if length <= 0:
+                return b""
+            return bytes(p.fs.read(p._internal_str_path, byte_range=Range(offset=offset, size=length)))
 
         return self._call("a ranged read", read)
 

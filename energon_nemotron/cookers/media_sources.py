@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from energon_nemotron._energon import (add_source_info, entry_size, filesystem_entry, store_entry_names,
-                                      store_kind, store_local_base, webdataset_entry)
+from energon_nemotron._energon import (add_source_info, entry_size, filesystem_entry, remote_entry_range,
+                                      store_entry_names, store_kind, store_local_base, webdataset_entry)
+from energon_nemotron._energon.storage import RemotePath
 from energon_nemotron.errors import ConfigError, DataError, MediaError
 from energon_nemotron.types import MediaRef
 
@@ -162,8 +163,13 @@ class AuxMedia:
         return f"{shard}aux source {self.source!r} ({self.store.get_path()})"
 
     def get(self) -> bytes:
+        """The entry's bytes: from a prepared dataset on object storage, one ranged read of the
+        entry's bytes in its shard (from the index); else through the store."""
         try:
-            data = self.store.get(self.key)
+            at = remote_entry_range(self.store, self.key)
+            data = self.store.get(self.key) if at is None else RemotePath(at[0]).read_range(at[1], at[2])
+            if at is not None and len(data) != at[2]:
+                raise ValueError(f"{len(data)} of its {at[2]} bytes are in the shard (truncated)")
         except (KeyError, OSError) as e:
             raise MediaError(f"{self.key} in {self.origin()} cannot be read: {e}", code="missing_media") from None
         except Exception as e:              # a damaged shard: whatever its reader raises, named
