@@ -52,6 +52,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, BufferContext
                                        sample_index, sample_refs, savable_fields, saved_class, saved_inner,
                                        saved_leaf_epoch, saved_leaf_slices, saves, set_default_failure_tolerance,
                                        stage_error_context, stage_failure_tolerance, store_entry_names, entry_size, index_file,
+                                       remote_entry_range,
                                        store_kind, store_local_base, webdataset_entry, worker_dataset_state,
                                        worker_root, worker_sample_counters, wrap_leaf_readers)
 from energon_nemotron.demo.conversations import make_conversations
@@ -956,6 +957,33 @@ def test_files_and_aux_sources(data):
         indexed_sample_key(data.root / "media", 0, 0)
 
 
+def test_aux_sources_on_object_storage(data, object_store, tmp_path):
+    """The same aux sources uploaded to the store (``msc://``): a folder's entries come from one
+    listing; a prepared dataset's entry is located (shard URL, offset, size) from its index, and
+    those bytes are the entry's; a local source has no remote range."""
+    from energon_nemotron._energon.storage import RemotePath
+
+    object_store.upload(data.a, "surface/a")
+    object_store.upload(data.root / "media", "surface/media")
+    (tmp_path / "aux.yaml").write_text(yaml.safe_dump({
+        "__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {"train": {
+            "path": str(data.root / "lines.jsonl"), "aux": {"shards": object_store.url("surface/a"),
+                                                            "media": f"filesystem://{object_store.url('surface/media')}"}}}}))
+    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    loaded, = load_dataset(str(tmp_path / "aux.yaml")).get_datasets(training=False, split_part="train",
+                                                                     worker_config=worker_config).datasets
+    shards, media = loaded.aux["shards"], loaded.aux["media"]
+    assert (store_kind(shards), store_kind(media)) == ("webdataset", "filesystem")
+    assert store_entry_names(media) == ["pics/a.jpg"] and store_local_base(media) is None
+    url, offset, size = remote_entry_range(shards, "a-00013.json")
+    assert url == object_store.url("surface/a/parts/data-2.tar")
+    assert RemotePath(url).read_range(offset, size) == shards.get("a-00013.json")
+    assert remote_entry_range(shards, "a-99999.json") is None and remote_entry_range(media, "pics/a.jpg") is None
+    local, = load_dataset(str(data.root / "aux.yaml")).get_datasets(training=False, split_part="train",
+                                                                     worker_config=worker_config).datasets
+    assert remote_entry_range(local.aux["shards"], "a-00013.json") is None
+
+
 def test_name_watchdog_timeouts_gives_energons_watchdog_our_message(monkeypatch):
     """Energon's ``WatchdogDataset._watchdog_trigger`` raises ``TimeoutError(describe(timeout))``
     with ``fail_on_timeout`` (its watchdog thread prints it and ends the process), else warns."""
@@ -1050,6 +1078,7 @@ EXERCISED = {
     "test_files_and_aux_sources": ["load_yaml", "store_kind", "store_local_base", "webdataset_entry",
                                    "filesystem_entry", "store_entry_names", "add_source_info",
                                    "indexed_sample_key", "entry_size", "index_file"],
+    "test_aux_sources_on_object_storage": ["remote_entry_range"],
 }
 
 
