@@ -5,6 +5,7 @@ start-up checks run on the store; the URL is never joined to the config's folder
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -355,3 +356,70 @@ def test_an_aux_entry_on_the_store_is_one_ranged_read_of_its_bytes(aux_corpus, r
         members = {(m.offset_data, m.size) for m in tf if m.name.split(".")[-1] in ("jpg", "png", "wav")}
     assert {(offset, length) for _, offset, length in media} == members
     assert not [u for u in shard_opens if u.endswith(".tar") and "/aux/shards/" in u], shard_opens
+
+
+# -- the Megatron-LM prepacked source on the store -----------------------------------------------------
+@pytest.fixture(scope="module")
+def packed_rows(tmp_path_factory, object_store):
+    """Offline-packed rows (L=512), as one ``.jsonl.packed`` file with its manifest and as shards of
+    a manifest, on local disk and uploaded beside each other under ``msc://lake/packed``."""
+    from conftest import DEMO_TOKENIZER
+    from energon_nemotron.demo.conversations import make_conversations
+    from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
+    from energon_nemotron.megatron_packed.offline_pack import pack_file
+
+    root = tmp_path_factory.mktemp("packed")
+    raw = root / "raw.jsonl"
+    raw.write_text("".join(json.dumps({"messages": c}) + "\n" for c in make_conversations(90, seed=7)))
+    encoder = MegatronSFTPackedEncoder(DEMO_TOKENIZER, 512, "nemotron-h-aligned")
+    pack_file(raw, root / "one" / "rows.jsonl.packed", encoder, progress=False)
+    pack_file(raw, root / "sharded" / "rows.jsonl.packed", encoder, progress=False, rows_per_shard=7)
+    object_store.upload(root / "one", "packed/one")
+    object_store.upload(root / "sharded", "packed/sharded")
+    return root
+
+
+def megatron_config(path: str, workers: int, shuffled: bool = True) -> dict:
+    """Rows of ``path``, shuffled (seed 3: a per-epoch permutation, read by offset) or in file order."""
+    from conftest import DEMO_TOKENIZER
+
+    src = {"format": "megatron_sft_packed", "path": path, "seq_length": 512, "prompt_format": "nemotron-h-aligned"}
+    return {"tokenizer": str(DEMO_TOKENIZER), "data": {"train": src},
+            "loader": {"batch_size": 2, "num_workers": workers, "seed": 3, "shuffle_buffer_size": 1 if shuffled else None}}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("layout", ["one/rows.jsonl.packed", "sharded/rows.jsonl.packed.manifest.json"])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_megatron_prepacked_rows_on_the_store_read_as_on_disk(packed_rows, object_store, workers, layout, shuffled):
+    """A ``.jsonl.packed`` file (its manifest beside it) and the manifest of shards, read in file
+    order and shuffled (rows read by offset, in ranged GETs): the batches of local disk."""
+    import dataclasses
+
+    local, url = str(packed_rows / "one"), object_store.url("packed/one")
+    if layout.startswith("sharded"):
+        local, url = str(packed_rows / "sharded"), object_store.url("packed/sharded")
+    here = list(build_train_loader(megatron_config(str(packed_rows / layout), workers, shuffled), repeat=False))
+    there = list(build_train_loader(megatron_config(object_store.url(f"packed/{layout}"), workers, shuffled),
+                                    repeat=False))
+    # the rows are named by their file: on the store, by its URL
+    assert all(k.startswith(url + "/") for b in there for row in b.sample_keys for k in row)
+    there = [dataclasses.replace(b, sample_keys=[[k.replace(url, local) for k in row] for row in b.sample_keys])
+             for b in there]
+    assert len(here) == len(there) > 0 and all(batches_equal(a, b) for a, b in zip(here, there))
+
+
+def test_a_manifest_on_the_store_is_checked_against_its_shards(packed_rows, object_store):
+    """A shard of the manifest missing on the store, and one of another size, are named."""
+    for name, damage in (("missing", "delete"), ("resized", "resize")):
+        object_store.upload(packed_rows / "sharded", f"packed/{name}")
+        key = f"packed/{name}/" + sorted(p.name for p in (packed_rows / "sharded").glob("*.jsonl.packed*")
+                                          if not p.name.endswith(".json"))[1]
+        if damage == "delete":
+            object_store.client().delete_object(Bucket="lake", Key=key)
+        else:
+            object_store.client().put_object(Bucket="lake", Key=key, Body=b"{}\n")
+        url = object_store.url(f"packed/{name}/rows.jsonl.packed.manifest.json")
+        with pytest.raises(ConfigError, match=r"shard 1 \(.*\) (does not exist beside the manifest|has 3 bytes, the "
+                                              r"manifest records)"):
+            list(build_train_loader(megatron_config(url, 0), repeat=False))

@@ -11,15 +11,16 @@ datasets alike; :func:`as_data_path` picks the type.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Union
+from typing import Any, BinaryIO, Callable, Union
 
 from energon_nemotron.errors import ConfigError
 
 __all__ = ["READ_SCHEMES", "data_location", "is_url", "as_data_path", "RemotePath", "DataPath", "object_size",
-           "read_range"]
+           "read_range", "open_binary", "data_signature"]
 
 #: URL schemes whose data the library reads (through Energon's EPath)
 READ_SCHEMES = ("msc",)
@@ -78,6 +79,9 @@ class RemotePath:
 
     def __hash__(self) -> int:
         return hash(self.url)
+
+    def __lt__(self, other: "RemotePath") -> bool:
+        return self.url < other.url
 
     @property
     def name(self) -> str:
@@ -140,6 +144,11 @@ class RemotePath:
     def size(self) -> int:
         return int(self._call("a metadata request", lambda p: p.size()))
 
+    def signature(self) -> tuple:
+        """(size, ETag) of the object: what changes when it is written again."""
+        info = self._call("a metadata request", lambda p: p.stat())
+        return int(info.content_length), str(getattr(info, "etag", None) or getattr(info, "last_modified", ""))
+
     def read_range(self, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset``: one ranged GET through the profile's client (opening
         the object instead would download all of it)."""
@@ -180,3 +189,59 @@ def read_range(path: DataPath, offset: int, length: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(offset)
         return f.read(length)
+
+
+class _RangedObject(io.RawIOBase):
+    """A read-only, seekable raw file over an object: each read one ranged GET at the position
+    (wrapped in an ``io.BufferedReader``, whose buffer sets the GET size)."""
+
+    def __init__(self, path: RemotePath) -> None:
+        super().__init__()
+        self.path, self.position, self.length = path, 0, object_size(path)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self.length - self.position)
+        if want <= 0:
+            return 0
+        data = self.path.read_range(self.position, want)
+        if len(data) != want:
+            raise OSError(f"{self.path}: a ranged read at byte {self.position} returned {len(data)} of {want} bytes "
+                          "(the object changed while it was read?)")
+        buffer[:want] = data
+        self.position += want
+        return want
+
+
+#: bytes fetched per ranged GET when an object is read as a stream
+STREAM_CHUNK = 8 << 20
+
+
+def open_binary(path: DataPath, chunk: int = STREAM_CHUNK) -> BinaryIO:
+    """A file or an object opened for binary reading (lines, ``seek``, ``read``): an object is
+    read in ranged GETs of ``chunk`` bytes, never downloaded whole. ``FileNotFoundError`` when
+    there is none."""
+    if isinstance(path, RemotePath):
+        return io.BufferedReader(_RangedObject(path), buffer_size=chunk)
+    return open(path, "rb")
+
+
+def data_signature(path: DataPath) -> tuple:
+    """What changes when a file or an object is written again: (size, mtime) or (size, ETag)."""
+    if isinstance(path, RemotePath):
+        return path.signature()
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns

@@ -126,9 +126,14 @@ class EnergonSource(StrictModel):
     @field_validator("path", mode="before")
     @classmethod
     def _location(cls, v: Any) -> Any:
-        if not isinstance(v, (str, Path)):
-            raise ValueError(f"expected {FIELD_HINTS['data.train.path']}; got {describe_value(v)}")
-        return data_location(v)
+        return _data_path(v)
+
+
+def _data_path(v: Any) -> Any:
+    """A source's ``path`` as configured: a local ``Path`` or an ``msc://`` URL (``data_location``)."""
+    if not isinstance(v, (str, Path)):
+        raise ValueError(f"expected {FIELD_HINTS['data.train.path']}; got {describe_value(v)}")
+    return data_location(v)
 
 
 class MegatronSource(StrictModel):
@@ -138,7 +143,8 @@ class MegatronSource(StrictModel):
     the encoder configured here, else a ``ConfigError`` lists every differing key."""
 
     format: Literal["megatron_sft_packed"]
-    path: Path
+    #: a local path (relative: to the config's folder) or an ``msc://PROFILE/PATH`` URL, kept as given
+    path: Union[Path, str]
     seq_length: int = Field(ge=1)
     prompt_format: str = "identity"
     context_parallel_size: int = Field(1, ge=1)
@@ -146,6 +152,11 @@ class MegatronSource(StrictModel):
     chat_key: str = "messages"
     identity_masks_prompt: bool = True
     allow_eos_pad: bool = False
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _location(cls, v: Any) -> Any:
+        return _data_path(v)
 
 
 Source = Union[EnergonSource, MegatronSource]

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from energon_nemotron._energon.storage import as_data_path, open_binary
 from energon_nemotron.errors import ConfigError, DataError
 from energon_nemotron.guards.policy import skip_counter as skip_counter
 from energon_nemotron.guards.json_safety import parse_json
@@ -31,6 +32,10 @@ from energon_nemotron.megatron_packed import manifest as mf
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 from energon_nemotron.megatron_packed.row_order import RowIndex, epoch_order
 from energon_nemotron.guards.skip_limits import record_pass, record_skip
+
+
+#: bytes per ranged GET when rows on object storage are read by offset (shuffled): about a row
+ROW_CHUNK = 1 << 20
 
 
 class TruncationWarning(UserWarning):
@@ -56,7 +61,7 @@ def iter_rows(paths: list[Path], digests: Optional[Sequence[Optional[str]]] = No
     for fi, path in enumerate(paths):
         expected = digests[fi] if digests else None
         digest = hashlib.sha256() if expected is not None else None
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             for line_no, raw in enumerate(f, 1):
                 if digest is not None:
                     digest.update(raw)
@@ -145,7 +150,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         super().__init__()
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise ConfigError(f"invalid dp_rank={dp_rank} / dp_size={dp_size}")
-        self.path = Path(path)
+        self.path = as_data_path(path)
         self.encoder = encoder
         self.files, self.manifest_path, self.digests = source_and_digests(self.path, encoder)
         self.dp_rank = dp_rank
@@ -249,7 +254,7 @@ class MegatronSFTPackedDataset(torch.utils.data.IterableDataset):
         """``_items`` in this epoch's order: rows ``order[first + k*step]``, read by offset."""
         index = self.row_index()
         order = self._epoch_order(len(index))
-        handles = [open(p, "rb") for p in self.files]
+        handles = [open_binary(p, ROW_CHUNK) for p in self.files]
         try:
             for position, k in enumerate(range(first + start * step, len(index), step), start + 1):
                 row = int(order[k])

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from energon_nemotron._energon.storage import DataPath, as_data_path, object_size
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.megatron_packed.counting import Counted
 
@@ -37,9 +38,9 @@ READ_KEYS = ("tokenizer_sha256", "prompt_format", "seq_length", "context_paralle
              "chat_key", "identity_masks_prompt")
 
 
-def manifest_path(output: str | Path) -> Path:
-    """``OUT.manifest.json`` of the output ``OUT``."""
-    output = Path(output)
+def manifest_path(output: str | Path | DataPath) -> DataPath:
+    """``OUT.manifest.json`` of the output ``OUT`` (a local path, or an ``msc://`` location)."""
+    output = as_data_path(output)
     return output.with_name(output.name + SUFFIX)
 
 
@@ -49,8 +50,8 @@ def counts_path(output: str | Path) -> Path:
     return output.with_name(output.name + ".counts.npz")
 
 
-def is_manifest(path: str | Path) -> bool:
-    return Path(path).name.endswith(SUFFIX)
+def is_manifest(path: str | Path | DataPath) -> bool:
+    return as_data_path(path).name.endswith(SUFFIX)
 
 
 def pack_options(signature: dict, algorithm: str, seed: Optional[int], rows_per_shard: Optional[int],
@@ -97,7 +98,7 @@ def save_manifest(path: Path, manifest: dict) -> None:
 def load_manifest(path: Path) -> dict:
     """A manifest from ``path`` (``ConfigError`` naming the file if it is not one)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(as_data_path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{path}: not a readable pack manifest ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -148,12 +149,12 @@ def check_encoder(manifest: dict, signature: dict, origin: str) -> None:
                           "says or pack again:\n" + "\n".join(diff))
 
 
-def manifest_shards(path: Path) -> tuple[list[Path], dict]:
+def manifest_shards(path: DataPath) -> tuple[list[DataPath], dict]:
     """The shard files of the manifest at ``path`` in row order, and the manifest; a
     ``ConfigError`` if a shard is listed twice, incomplete, missing or of another size than
     recorded. (Its sha256 is checked as the rows are first read: :func:`check_digest`.)"""
     manifest = load_manifest(path)
-    folder = Path(path).parent
+    folder = as_data_path(path).parent
     files = []
     seen: dict[str, int] = {}
     for i, entry in enumerate(manifest["shards"]):
@@ -167,8 +168,9 @@ def manifest_shards(path: Path) -> tuple[list[Path], dict]:
                               "rerun the same pack-megatron command to finish it")
         if not f.is_file():
             raise ConfigError(f"{path}: shard {i} ({entry['file']}) does not exist beside the manifest")
-        if f.stat().st_size != entry.get("bytes"):
-            raise ConfigError(f"{path}: shard {i} ({entry['file']}) has {f.stat().st_size} bytes, the manifest "
+        size = object_size(f)
+        if size != entry.get("bytes"):
+            raise ConfigError(f"{path}: shard {i} ({entry['file']}) has {size} bytes, the manifest "
                               f"records {entry.get('bytes')}: it changed since it was packed")
         files.append(f)
     return files, manifest

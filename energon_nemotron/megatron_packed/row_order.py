@@ -9,13 +9,13 @@ file's bytes.
 from __future__ import annotations
 
 import hashlib
-import os
 from array import array
 from pathlib import Path
 from typing import BinaryIO, Optional, Sequence
 
 import numpy as np
 
+from energon_nemotron._energon.storage import RemotePath, as_data_path, data_signature, open_binary
 from energon_nemotron.megatron_packed.manifest import check_digest
 
 
@@ -32,7 +32,8 @@ class RowIndex:
                  origin: str = "") -> None:
         """``digests``: per path the sha256 a manifest records (None: unchecked), checked in the
         same pass (``manifest.check_digest``; ``origin`` names the manifest)."""
-        self.paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+        self.paths = [as_data_path(paths)] if isinstance(paths, (str, Path, RemotePath)) else \
+            [as_data_path(p) for p in paths]
         self.path = self.paths[0]
         self.signature = self._signature()
         offsets, lines, files = array("q"), array("q"), array("i")
@@ -40,7 +41,7 @@ class RowIndex:
             position = 0
             expected = digests[fi] if digests else None
             digest = hashlib.sha256() if expected is not None else None
-            with open(path, "rb") as f:
+            with open_binary(path) as f:
                 for line_no, raw in enumerate(f, 1):
                     if digest is not None:
                         digest.update(raw)
@@ -56,7 +57,7 @@ class RowIndex:
         self.files = np.frombuffer(files, dtype=np.int32) if files else np.zeros(0, np.int32)
 
     def _signature(self) -> list[tuple[int, int]]:
-        return [(st.st_size, st.st_mtime_ns) for st in (os.stat(p) for p in self.paths)]
+        return [data_signature(p) for p in self.paths]
 
     def stale(self) -> bool:
         return self._signature() != self.signature

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from energon_nemotron._energon.storage import as_data_path
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, describe_value
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.guards.source_tree import stream_digests
@@ -37,10 +38,10 @@ def fingerprint(cfg: LoaderConfig, split: str, repeat: bool) -> dict:
         out = src.model_dump(mode="json", exclude={k for k in ("virtual_epoch_length", "limit")
                                                    if not getattr(src, k, None)})
         if isinstance(src, MegatronSource):      # an Energon source's files: stream_digests below
-            index = Path(src.path).with_name(Path(src.path).name + ".idx")
+            path = as_data_path(src.path)
+            index = path.with_name(path.name + ".idx")
             out["index"] = file_digest(index) if index.is_file() else None
-            manifest = Path(src.path) if src.path.name.endswith(".manifest.json") else \
-                Path(src.path).with_name(Path(src.path).name + ".manifest.json")
+            manifest = path if path.name.endswith(".manifest.json") else path.with_name(path.name + ".manifest.json")
             if manifest.is_file():               # pack-megatron's record of the shards (sha256 each)
                 out["manifest"] = file_digest(manifest)
         return out
