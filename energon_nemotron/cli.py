@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import warnings
+from pathlib import Path
 from typing import Optional, Sequence
 
 from energon_nemotron.errors import ConfigError, original_message
@@ -79,6 +80,7 @@ def _encoder(a: argparse.Namespace):
 
 
 def cmd_pack_megatron(a: argparse.Namespace) -> int:
+    from energon_nemotron._energon.storage import is_url
     from energon_nemotron.megatron_packed.offline_pack import LocalEngine, PackOptions, pack
 
     if a.engine == "ray":
@@ -91,7 +93,13 @@ def cmd_pack_megatron(a: argparse.Namespace) -> int:
         engine = LocalEngine()
     options = PackOptions(algorithm=a.algorithm, seed=None if a.no_shuffle else a.seed,
                           rows_per_shard=a.rows_per_shard, on_error=a.on_error, block_size=a.block_size)
-    summary = pack(a.input, a.output, _encoder(a), options, engine=engine, progress=not a.no_progress)
+    if is_url(a.output) or any(is_url(i) for i in a.input):
+        from energon_nemotron.megatron_packed.store_output import pack_with_store
+
+        summary = pack_with_store(a.input, a.output, _encoder(a), options, engine=engine, progress=not a.no_progress,
+                                  staging=a.staging)
+    else:
+        summary = pack(a.input, a.output, _encoder(a), options, engine=engine, progress=not a.no_progress)
     if a.json:
         print(json.dumps(summary.as_dict()))
     else:
@@ -233,7 +241,11 @@ def _add_pack_megatron(sub) -> None:
                    help="raw JSONL files or globs (quoted; matches sorted by name), one {\"messages\": [...]} per "
                         "line; conversations are taken in the order given")
     s.add_argument("--output", required=True,
-                   help="the .jsonl.packed file to write (its manifest: OUTPUT.manifest.json)")
+                   help="the .jsonl.packed file to write (its manifest: OUTPUT.manifest.json); local or "
+                        "msc://PROFILE/PATH (packed in --staging, then published, the manifest last)")
+    s.add_argument("--staging", type=Path, default=None, metavar="DIR",
+                   help="with inputs or --output on msc://: the local folder to pack in (a killed run resumes "
+                        "from it; default: one per output under ~/.cache/energon-nemotron/pack-megatron)")
     s.add_argument("--rows-per-shard", type=int, default=None, metavar="N",
                    help="write shards of N rows beside OUTPUT (NAME-00000-of-000NN.jsonl.packed) instead of one file")
     s.add_argument("--algorithm", default="best_fit_decreasing", choices=PACKERS.names(),

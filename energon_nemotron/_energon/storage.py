@@ -144,6 +144,61 @@ class RemotePath:
     def size(self) -> int:
         return int(self._call("a metadata request", lambda p: p.size()))
 
+    # -- writes (pack-megatron's output on the store) -----------------------------------------------
+    def upload(self, local: Path, attributes: dict[str, str]) -> None:
+        """Put the local file ``local`` here (one atomic object), with ``attributes`` as its metadata."""
+        self._call("an upload", lambda p: p.fs.upload_file(p._internal_str_path, str(local), attributes=attributes))
+
+    def download(self, local: Path) -> None:
+        """Copy the object to the local file ``local`` (streamed)."""
+        self._call("a download", lambda p: p.fs.download_file(p._internal_str_path, str(local)))
+
+    def glob(self, pattern: str) -> list["RemotePath"]:
+        """The objects below this location whose relative path matches ``pattern`` (one listing)."""
+        def found(p: Any) -> list[str]:
+            return [q.relative_to(p) for q in p.glob(pattern)]
+
+        return [self / name for name in self._call("a listing", found)]
+
+    def write_bytes(self, data: bytes) -> None:
+        self._call("a write", lambda p: p.fs.write(p._internal_str_path, data))
+
+    def create_exclusive(self, data: bytes) -> bool:
+        """Create the object with ``data`` only if there is none (a conditional put, ``If-None-Match:
+        *``); False when one exists already (the store answered 412)."""
+        return self._conditional_put(data, if_none_match="*")
+
+    def replace_if(self, data: bytes, etag: str) -> bool:
+        """Replace the object only if its ETag is still ``etag`` (``If-Match``); False when it changed."""
+        return self._conditional_put(data, if_match=etag)
+
+    def _conditional_put(self, data: bytes, **condition: str) -> bool:
+        from multistorageclient.types import PreconditionFailedError
+
+        def put(p: Any) -> bool:
+            try:
+                p.fs._storage_provider.put_object(p._internal_str_path, data, **condition)
+            except PreconditionFailedError:
+                return False
+            return True
+
+        return bool(self._call("a conditional write", put))
+
+    def delete(self) -> None:
+        """Remove the object (nothing when there is none)."""
+        def delete(p: Any) -> None:
+            try:
+                p.fs.delete(p._internal_str_path)
+            except FileNotFoundError:
+                pass
+
+        self._call("a delete", delete)
+
+    def info(self) -> tuple[int, str, dict]:
+        """(size, ETag, metadata attributes) of the object; ``FileNotFoundError`` when there is none."""
+        found = self._call("a metadata request", lambda p: p.stat())
+        return int(found.content_length), str(found.etag or ""), dict(found.metadata or {})
+
     def signature(self) -> tuple:
         """(size, ETag) of the object: what changes when it is written again."""
         info = self._call("a metadata request", lambda p: p.stat())
