@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Callable, Union
 from energon_nemotron.errors import ConfigError
 
 __all__ = ["READ_SCHEMES", "data_location", "is_url", "as_data_path", "RemotePath", "DataPath", "object_size",
-           "read_range", "open_binary", "data_signature"]
+           "read_range", "open_binary", "data_signature", "energon_path"]
 
 #: URL schemes whose data the library reads (through Energon's EPath)
 READ_SCHEMES = ("msc",)
@@ -300,3 +300,12 @@ def data_signature(path: DataPath) -> tuple:
         return path.signature()
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns
+
+
+def energon_path(path: DataPath) -> Any:
+    """What Energon's own functions take for ``path``: its ``EPath`` of a URL, else the local path."""
+    if isinstance(path, RemotePath):
+        from megatron.energon.epathlib import EPath
+
+        return EPath(path.url)
+    return path

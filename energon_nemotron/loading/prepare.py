@@ -17,6 +17,7 @@ import contextlib
 import difflib
 import io
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,7 @@ import yaml
 from megatron.energon import BaseWebdatasetFactory, CrudeJsonlDatasetFactory, CrudeWebdataset
 
 from energon_nemotron._energon import one_line_shard_failures
+from energon_nemotron._energon.storage import DataPath, RemotePath, as_data_path, energon_path
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.guards.energon_files import META, info_counts, unprepared
 from energon_nemotron.registry import COOKERS
@@ -106,9 +108,18 @@ def _with_cooker(path: Path, cooker: str) -> dict:
     return {**meta, "subflavors": {**subflavors, "cooker": cooker}}
 
 
-def _unwritable(folder: Path, why: str) -> Optional[str]:
-    """Why ``folder`` cannot take new files (a probe file is made and removed: a read-only mount,
-    permissions, a full disk), naming it and ``why`` prepare writes there; None: it can."""
+def _unwritable(folder: DataPath, why: str) -> Optional[str]:
+    """Why ``folder`` cannot take new files (a probe file or object is made and removed: a read-only
+    mount, permissions, a full disk, refused credentials), naming it and ``why`` prepare writes
+    there; None: it can."""
+    if isinstance(folder, RemotePath):
+        probe = folder / f".energon-nemotron-write-probe-{uuid.uuid4().hex}"
+        try:
+            probe.write_bytes(b"")
+            probe.delete()
+            return None
+        except ConfigError as e:
+            return f"{folder}: cannot write there ({e}), and prepare writes {why} there"
     try:
         with tempfile.TemporaryFile(dir=folder):
             return None
@@ -116,7 +127,7 @@ def _unwritable(folder: Path, why: str) -> Optional[str]:
         return f"{folder}: cannot write there ({e.strerror or type(e).__name__}), and prepare writes {why} there"
 
 
-def check_writable(folder: Path, shards: tuple[str, ...] = ()) -> None:
+def check_writable(folder: DataPath, shards: tuple[str, ...] = ()) -> None:
     """A ``ConfigError`` unless prepare can write what it writes: ``.nv-meta/`` (``folder`` itself
     when it has none yet) and, to index ``shards`` (paths relative to ``folder``), an ``.idx`` beside
     each; checked before Energon runs, which would log a traceback per shard and then fail."""
@@ -135,7 +146,7 @@ def check_writable(folder: Path, shards: tuple[str, ...] = ()) -> None:
 def _write(path: Path, meta: dict) -> None:
     """Write dataset.yaml ``path``; an ``OSError`` is a ``ConfigError`` naming the file."""
     try:
-        path.write_text(yaml.safe_dump(meta, sort_keys=False), encoding="utf-8")
+        path.write_bytes(yaml.safe_dump(meta, sort_keys=False).encode("utf-8"))
     except OSError as e:
         raise ConfigError(f"{path}: cannot write it ({e.strerror or type(e).__name__}); make {path.parent} writable, "
                           "or copy the dataset to a writable folder and prepare the copy") from None
@@ -196,16 +207,24 @@ def _index_folder(folder: Path, options: PrepareOptions) -> str:
     splits = _splits(options)
     if options.workers < 1:
         raise ConfigError(f"--num-workers {options.workers}: Energon indexes with at least one process")
-    shards = sorted(p.relative_to(folder).as_posix() for pattern in ("*.tar", "*.tgz") for p in folder.rglob(pattern))
+    shards = sorted(_shard_names(folder))
     if not shards:
         raise ConfigError(f"{folder}: no .tar shards in it or below it; write the samples as WebDataset "
                           "tar shards first (docs/tutorial.md)")
     check_writable(folder, tuple(shards))
-    return _energon_prepare(BaseWebdatasetFactory.prepare_dataset, folder, shards, shuffle_seed=None,
+    return _energon_prepare(BaseWebdatasetFactory.prepare_dataset, energon_path(folder), shards, shuffle_seed=None,
                             workers=options.workers, progress_fn=_progress(options.progress), **splits)[1]
 
 
-def _prepare_folder(folder: Path, cooker: str, options: PrepareOptions) -> Prepared:
+def _shard_names(folder: DataPath) -> list[str]:
+    """The ``.tar``/``.tgz`` shards at any depth under ``folder``, relative to it (a folder on the
+    store: one listing)."""
+    if isinstance(folder, RemotePath):
+        return [p.url[len(folder.url) + 1:] for p in folder.glob("**") if p.name.endswith((".tar", ".tgz"))]
+    return [p.relative_to(folder).as_posix() for pattern in ("*.tar", "*.tgz") for p in folder.rglob(pattern)]
+
+
+def _prepare_folder(folder: DataPath, cooker: str, options: PrepareOptions) -> Prepared:
     indexed = unprepared(folder) is None
     if indexed and not options.reindex and (options.split_ratio is not None or options.split_parts):
         raise ConfigError(f"{folder} is prepared already: add --reindex to index and split its shards again")
@@ -221,10 +240,10 @@ def _prepare_folder(folder: Path, cooker: str, options: PrepareOptions) -> Prepa
                     samples=sum(counts.values()), shards=len(counts), energon_output=output)
 
 
-def prepare_dataset(path: Path, cooker: str, options: PrepareOptions = PrepareOptions()) -> Prepared:
+def prepare_dataset(path: Path | str, cooker: str, options: PrepareOptions = PrepareOptions()) -> Prepared:
     """Prepare ``path`` (a folder of WebDataset tar shards, or a ``.jsonl`` file) for cooker
     ``cooker`` (see the module docstring); every problem is a one-line ``ConfigError``."""
-    path = Path(path)
+    path = as_data_path(path)
     check_cooker(cooker)
     if path.is_dir():
         return _prepare_folder(path, cooker, options)
@@ -235,7 +254,7 @@ def prepare_dataset(path: Path, cooker: str, options: PrepareOptions = PrepareOp
         problem = _unwritable(path.parent, f"the file's index ({path.name}.idx)")
         if problem:
             raise ConfigError(f"{problem}; make it writable, or copy the file to a writable folder and prepare the copy")
-        count, output = _energon_prepare(CrudeJsonlDatasetFactory.prepare_dataset, path)
+        count, output = _energon_prepare(CrudeJsonlDatasetFactory.prepare_dataset, energon_path(path))
         return Prepared(path, cooker, jsonl=True, indexed=True, samples=int(count), energon_output=output)
     if not path.exists():
         raise ConfigError(f"{path} does not exist")

@@ -1,4 +1,6 @@
-"""``pack-megatron`` on object storage (issue 47 item 3): inputs fetched from and output published
+"""Writing to object storage (issue 47): ``energon-nemotron prepare`` of shards or a JSONL on the
+store (Energon's prepare writes the indexes there), read as the same data prepared on disk; and
+``pack-megatron`` on object storage (item 3): inputs fetched from and output published
 to ``msc://`` (moto on 127.0.0.1, the ``object_store`` fixture) without ``flock`` or rename: a lock
 object made by a conditional put, packing in a local staging folder, the manifest put last. The
 rows read back from the store are those of the same pack on local disk; a second writer is refused
@@ -166,3 +168,61 @@ def test_of_two_runs_taking_one_lock_the_store_lets_one_in(object_store):
     assert not lock.is_file()
     with store_lock(out):
         pass
+
+
+# -- energon-nemotron prepare on the store -----------------------------------------------------------
+def chat_rows(n: int) -> list:
+    return [(f"s{i:03d}", {"json": json.dumps({"messages": [{"role": "user", "content": f"Question {i}?"},
+                                                            {"role": "assistant", "content": f"Answer {i}."}]}).encode()})
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_prepare_on_the_store_reads_as_the_same_shards_prepared_on_disk(object_store, tmp_path, workers):
+    """Raw shards uploaded to the store, prepared there by the command line (its indexes and
+    .nv-meta written by Energon through the store): the batches of the same shards prepared locally."""
+    from energon_data import text_config
+    from energon_nemotron.demo.datasets import write_shards
+    from energon_nemotron.loading.prepare import PrepareOptions, prepare_dataset
+
+    local = write_shards(tmp_path / "corpus", chat_rows(20), per_shard=6)
+    url = object_store.upload(local, f"prep-{workers}/corpus")
+    res = subprocess.run([sys.executable, "-m", "energon_nemotron.cli", "prepare", url, "--cooker", "openai_messages",
+                          "--num-workers", "1", "--no-progress"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "MSC_CONFIG": str(object_store.config)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"indexed {url}: 4 shards, 20 samples" in res.stdout
+    prepare_dataset(local, "openai_messages", PrepareOptions(workers=1, progress=False))
+    here = list(build_train_loader(text_config(local, workers=workers), repeat=False))
+    there = list(build_train_loader(text_config(url, workers=workers), repeat=False))
+    assert len(here) == len(there) == 20 and all(batches_equal(a, b) for a, b in zip(here, there))
+
+
+def test_prepare_of_a_jsonl_on_the_store_writes_its_index_there(object_store, tmp_path):
+    from energon_data import text_config
+    from energon_nemotron.loading.prepare import PrepareOptions, prepare_dataset
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(r[1]["json"].decode() + "\n" for r in chat_rows(9)))
+    object_store.upload(data, "prep-jsonl/chat.jsonl")
+    url = object_store.url("prep-jsonl/chat.jsonl")
+    done = prepare_dataset(url, "openai_messages", PrepareOptions(progress=False))
+    assert done.jsonl and done.samples == 9
+    prepare_dataset(data, "openai_messages", PrepareOptions(progress=False))
+    batches = {}
+    for path in (str(data), url):
+        cfg = text_config(path, workers=0)
+        cfg["data"]["default_cooker"] = "openai_messages"
+        batches[path] = list(build_train_loader(cfg, repeat=False))
+    assert len(batches[url]) == len(batches[str(data)]) == 9
+    assert all(batches_equal(a, b) for a, b in zip(batches[str(data)], batches[url]))
+
+
+def test_prepare_where_the_store_refuses_writes_is_one_line(object_store):
+    """Profile ``denied`` refuses every request: prepare stops in one line naming the profile, exit 2."""
+    res = subprocess.run([sys.executable, "-m", "energon_nemotron.cli", "prepare", "msc://denied/corpus", "--cooker",
+                          "openai_messages"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "MSC_CONFIG": str(object_store.config)})
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert res.returncode == 2 and len(errors) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "profile 'denied'" in errors[0] and "403" in errors[0]
