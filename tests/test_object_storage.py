@@ -5,7 +5,6 @@ start-up checks run on the store; the URL is never joined to the config's folder
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from energon_nemotron.config import load_config
 from energon_nemotron.errors import ConfigError, DatasetError
 from energon_nemotron.loading import build_train_loader
 from energon_nemotron.parallel.broadcast import batches_equal
-from test_media_sources import aux_corpus  # noqa: F401  (the fixture)
 
 
 @pytest.fixture(scope="module")
@@ -269,157 +267,3 @@ def test_a_shard_whose_connections_keep_being_cut_fails_naming_it(cut_corpus, ob
                     r"and index agree, so the transfer failed, not the shard: check the endpoint of profile 'cut'",
                     message), message
     assert "\n" not in message and object_store.proxy.cut >= 2
-
-
-# -- aux media sources on the store --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def remote_aux_mix(aux_corpus, object_store, tmp_path_factory):
-    """``aux_corpus``'s metadataset with its aux sources on the store: the prepared media shards
-    as ``msc://lake/aux/shards`` and the media folder as ``filesystem://msc://lake/aux/media``
-    (the primaries stay local, so the sample keys are those of the local mix)."""
-    object_store.upload(aux_corpus / "media", "aux/media")
-    object_store.upload(aux_corpus / "shards", "aux/shards")
-    mix = yaml.safe_load((aux_corpus / "mix.yaml").read_text())
-    for entry in mix["splits"]["train"]["blend_epochized"]:
-        entry["path"] = str(aux_corpus / entry["path"])
-        entry["aux"] = {name: f"filesystem://{object_store.url('aux/media')}" if source.startswith("filesystem://")
-                        else object_store.url(f"aux/{source}") for name, source in entry["aux"].items()}
-    out = tmp_path_factory.mktemp("remote_aux") / "mix.yaml"
-    out.write_text(yaml.safe_dump(mix))
-    return out
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("pool", [False, True])
-def test_aux_media_on_the_store_read_as_their_local_copies(aux_corpus, remote_aux_mix, tmp_path, workers, pool):
-    """Images and audio named by path, found in a prepared dataset and in a folder on the store
-    (direct paths, and by basename through one listing of the folder), with and without the
-    cache pool: every batch is the one of the local aux sources."""
-    from test_media_sources import config as media_config
-
-    batches = {}
-    for name, mix in (("local", aux_corpus / "mix.yaml"), ("store", remote_aux_mix)):
-        cfg = media_config({"train": {"path": str(mix)}}, workers)
-        if pool:
-            cfg["loader"]["cache_pool"] = {"directory": str(tmp_path / f"pool-{name}")}
-        loader = build_train_loader(cfg, repeat=False)
-        batches[name] = list(loader)
-        assert loader.telemetry()["basename_fallback"] == 3
-    assert len(batches["local"]) == len(batches["store"]) > 0
-    assert all(batches_equal(a, b) for a, b in zip(batches["local"], batches["store"]))
-    assert sum(len(b.media_spans[0]) for b in batches["store"]) == 7
-
-
-def test_aux_sources_on_the_store_are_checked_at_start(aux_corpus, object_store, tmp_path):
-    """A prepared aux source whose index is not on the store, and a folder that is not there, are
-    named by their msc:// locations before Energon builds anything."""
-    url = object_store.upload(aux_corpus / "shards", "aux-noindex/shards")
-    object_store.client().delete_object(Bucket="lake", Key="aux-noindex/shards/.nv-meta/index.sqlite")
-    mix = tmp_path / "mix.yaml"
-    mix.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
-        "train": {"path": str(aux_corpus / "prim" / "asr.jsonl"), "subflavors": {"cooker": "granary_asr"},
-                  "aux": {"speech": url, "more": f"filesystem://{object_store.url('aux-nowhere')}"}}}}))
-    with pytest.raises(ConfigError) as e:
-        read(mix, 0)
-    assert (f"aux source 'speech' ('{url}'): {url} is not a prepared dataset (no .nv-meta/index.sqlite)"
-            in str(e.value)), str(e.value)
-    assert "aux source 'more' ('filesystem://msc://lake/aux-nowhere'): the folder msc://lake/aux-nowhere does not " \
-        "exist" in str(e.value), str(e.value)
-
-
-def test_an_aux_entry_on_the_store_is_one_ranged_read_of_its_bytes(aux_corpus, remote_aux_mix, monkeypatch):
-    """Each read of a prepared aux source's entry on the store is one ranged read of exactly the
-    entry's bytes (from its index): no shard is opened, which would download all of it."""
-    from test_media_sources import config as media_config
-
-    from energon_nemotron._energon import storage
-
-    reads = []
-    real = storage.RemotePath.read_range
-
-    def counted(self, offset, length):
-        reads.append((self.url, offset, length))
-        return real(self, offset, length)
-
-    monkeypatch.setattr(storage.RemotePath, "read_range", counted)
-    shard_opens = []
-    from megatron.energon.epathlib import EPath
-
-    real_open = EPath.open
-    monkeypatch.setattr(EPath, "open", lambda self, *a, **k: shard_opens.append(str(self)) or real_open(self, *a, **k))
-    batches = list(build_train_loader(media_config({"train": {"path": str(remote_aux_mix)}}, 0), repeat=False))
-    media = [r for r in reads if "/aux/shards/parts/" in r[0]]
-    assert batches and len(media) == 2 * 4, reads          # 4 entries of the shards source, header + decode each
-    import tarfile
-
-    with tarfile.open(aux_corpus / "shards" / "parts" / "data-0.tar") as tf:   # the local copy of the shard
-        members = {(m.offset_data, m.size) for m in tf if m.name.split(".")[-1] in ("jpg", "png", "wav")}
-    assert {(offset, length) for _, offset, length in media} == members
-    assert not [u for u in shard_opens if u.endswith(".tar") and "/aux/shards/" in u], shard_opens
-
-
-# -- the Megatron-LM prepacked source on the store -----------------------------------------------------
-@pytest.fixture(scope="module")
-def packed_rows(tmp_path_factory, object_store):
-    """Offline-packed rows (L=512), as one ``.jsonl.packed`` file with its manifest and as shards of
-    a manifest, on local disk and uploaded beside each other under ``msc://lake/packed``."""
-    from conftest import DEMO_TOKENIZER
-    from energon_nemotron.demo.conversations import make_conversations
-    from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder
-    from energon_nemotron.megatron_packed.offline_pack import pack_file
-
-    root = tmp_path_factory.mktemp("packed")
-    raw = root / "raw.jsonl"
-    raw.write_text("".join(json.dumps({"messages": c}) + "\n" for c in make_conversations(90, seed=7)))
-    encoder = MegatronSFTPackedEncoder(DEMO_TOKENIZER, 512, "nemotron-h-aligned")
-    pack_file(raw, root / "one" / "rows.jsonl.packed", encoder, progress=False)
-    pack_file(raw, root / "sharded" / "rows.jsonl.packed", encoder, progress=False, rows_per_shard=7)
-    object_store.upload(root / "one", "packed/one")
-    object_store.upload(root / "sharded", "packed/sharded")
-    return root
-
-
-def megatron_config(path: str, workers: int, shuffled: bool = True) -> dict:
-    """Rows of ``path``, shuffled (seed 3: a per-epoch permutation, read by offset) or in file order."""
-    from conftest import DEMO_TOKENIZER
-
-    src = {"format": "megatron_sft_packed", "path": path, "seq_length": 512, "prompt_format": "nemotron-h-aligned"}
-    return {"tokenizer": str(DEMO_TOKENIZER), "data": {"train": src},
-            "loader": {"batch_size": 2, "num_workers": workers, "seed": 3, "shuffle_buffer_size": 1 if shuffled else None}}
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("layout", ["one/rows.jsonl.packed", "sharded/rows.jsonl.packed.manifest.json"])
-@pytest.mark.parametrize("shuffled", [False, True])
-def test_megatron_prepacked_rows_on_the_store_read_as_on_disk(packed_rows, object_store, workers, layout, shuffled):
-    """A ``.jsonl.packed`` file (its manifest beside it) and the manifest of shards, read in file
-    order and shuffled (rows read by offset, in ranged GETs): the batches of local disk."""
-    import dataclasses
-
-    local, url = str(packed_rows / "one"), object_store.url("packed/one")
-    if layout.startswith("sharded"):
-        local, url = str(packed_rows / "sharded"), object_store.url("packed/sharded")
-    here = list(build_train_loader(megatron_config(str(packed_rows / layout), workers, shuffled), repeat=False))
-    there = list(build_train_loader(megatron_config(object_store.url(f"packed/{layout}"), workers, shuffled),
-                                    repeat=False))
-    # the rows are named by their file: on the store, by its URL
-    assert all(k.startswith(url + "/") for b in there for row in b.sample_keys for k in row)
-    there = [dataclasses.replace(b, sample_keys=[[k.replace(url, local) for k in row] for row in b.sample_keys])
-             for b in there]
-    assert len(here) == len(there) > 0 and all(batches_equal(a, b) for a, b in zip(here, there))
-
-
-def test_a_manifest_on_the_store_is_checked_against_its_shards(packed_rows, object_store):
-    """A shard of the manifest missing on the store, and one of another size, are named."""
-    for name, damage in (("missing", "delete"), ("resized", "resize")):
-        object_store.upload(packed_rows / "sharded", f"packed/{name}")
-        key = f"packed/{name}/" + sorted(p.name for p in (packed_rows / "sharded").glob("*.jsonl.packed*")
-                                          if not p.name.endswith(".json"))[1]
-        if damage == "delete":
-            object_store.client().delete_object(Bucket="lake", Key=key)
-        else:
-            object_store.client().put_object(Bucket="lake", Key=key, Body=b"{}\n")
-        url = object_store.url(f"packed/{name}/rows.jsonl.packed.manifest.json")
-        with pytest.raises(ConfigError, match=r"shard 1 \(.*\) (does not exist beside the manifest|has 3 bytes, the "
-                                              r"manifest records)"):
-            list(build_train_loader(megatron_config(url, 0), repeat=False))
