@@ -176,10 +176,13 @@ def test_a_prepared_jsonl_on_object_storage_reads_as_on_disk(object_store, tmp_p
     assert all(batches_equal(a, b) for a, b in zip(batches[str(data)], batches[url]))
 
 
-def test_the_start_up_checks_cost_six_operations_per_shard_and_read_no_shard(corpus, monkeypatch):
+def test_the_start_up_checks_cost_one_listing_three_reads_and_two_per_shard(corpus, monkeypatch):
     """The store operations a start makes (each one Energon path call: a listing, a metadata
-    request, a read or a ranged read), counted: 6 per shard of the split plus a constant, and no
-    read touches a shard (reads are of .nv-meta files; ranged reads of .tar.idx files)."""
+    request, a read or a ranged read), counted: one listing of the folder (every existence and
+    size comes from it), one read of each .nv-meta file, two ranged reads of each shard's .tar.idx;
+    no metadata request, and no read touches a shard."""
+    from collections import Counter
+
     from energon_nemotron._energon import storage
     from energon_nemotron.loading.preflight import check_source
 
@@ -194,8 +197,11 @@ def test_the_start_up_checks_cost_six_operations_per_shard_and_read_no_shard(cor
     monkeypatch.setattr(storage.RemotePath, "_call", counted)
     check_source(url, "train")
     shards = len(list(local.rglob("*.tar")))
-    assert shards >= 5 and len(calls) <= 6 * shards + 20, (shards, len(calls))
-    assert all(".nv-meta/" in u for what, u in calls if what == "a read"), calls
+    kinds = Counter(what for what, _ in calls)
+    assert shards >= 5 and len(calls) == 2 * shards + 4, calls
+    assert kinds == {"a listing": 1, "a read": 3, "a ranged read": 2 * shards}, kinds
+    assert sorted(u.rsplit("/", 1)[1] for what, u in calls if what == "a read") == [".info.json", "dataset.yaml",
+                                                                                   "split.yaml"]
     assert all(u.endswith(".tar.idx") for what, u in calls if what == "a ranged read"), calls
 
 

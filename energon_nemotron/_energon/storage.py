@@ -14,13 +14,15 @@ from __future__ import annotations
 import io
 import os
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable, Union
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
 
 from energon_nemotron.errors import ConfigError
 
 __all__ = ["READ_SCHEMES", "data_location", "is_url", "as_data_path", "RemotePath", "DataPath", "object_size",
-           "read_range", "open_binary", "data_signature", "energon_path"]
+           "read_range", "open_binary", "data_signature", "energon_path", "listed"]
 
 #: URL schemes whose data the library reads (through Energon's EPath)
 READ_SCHEMES = ("msc",)
@@ -125,9 +127,23 @@ class RemotePath:
                               "credentials)") from None
 
     def is_dir(self) -> bool:
+        known = _LISTED.get()
+        if known is not None and (self.url + "/").startswith(known[0] + "/"):
+            return any(url.startswith(self.url + "/") for url in known[1])
         return bool(self._call("a listing", lambda p: p.is_dir()))
 
+    def _listed_size(self) -> Union[int, None, bool]:
+        """The object's size from the listing of :func:`listed` (None: no such object there; False:
+        not below a listed folder)."""
+        known = _LISTED.get()
+        if known is None or not self.url.startswith(known[0] + "/"):
+            return False
+        return known[1].get(self.url)
+
     def is_file(self) -> bool:
+        size = self._listed_size()
+        if size is not False:
+            return size is not None
         return bool(self._call("a metadata request", lambda p: p.is_file()))
 
     def exists(self) -> bool:
@@ -136,12 +152,24 @@ class RemotePath:
     def read_bytes(self) -> bytes:
         if not self.is_file():
             raise FileNotFoundError(f"{self.url}: no such object")
-        return self._call("a read", lambda p: p.read_bytes())
+        known = _LISTED.get()
+        cache = known[2] if known is not None and self._listed_size() is not False else None
+        if cache is not None and self.url in cache:
+            return cache[self.url]
+        data = self._call("a read", lambda p: p.read_bytes())
+        if cache is not None:
+            cache[self.url] = data
+        return data
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
 
     def size(self) -> int:
+        size = self._listed_size()
+        if size is None:
+            raise FileNotFoundError(f"{self.url}: no such object")
+        if size is not False:
+            return int(size)
         return int(self._call("a metadata request", lambda p: p.size()))
 
     # -- writes (pack-megatron's output on the store) -----------------------------------------------
@@ -218,6 +246,33 @@ class RemotePath:
 
 
 DataPath = Union[Path, RemotePath]
+
+#: (folder URL, {object URL: size}, {object URL: bytes read}) of the listing a :func:`listed` block
+#: reads sizes from, and the whole objects it has read (metadata files, read once)
+_LISTED: ContextVar[Optional[tuple[str, dict[str, int], dict[str, bytes]]]] = ContextVar("energon_nemotron_listed",
+                                                                                         default=None)
+
+
+@contextmanager
+def listed(folder: DataPath) -> Iterator[None]:
+    """Within the block, whether an object or a folder below ``folder`` (on object storage) exists
+    and an object's size come from one recursive listing of ``folder``, made here, instead of a
+    request each, and an object read whole is read once. A local folder: nothing changes."""
+    outer = _LISTED.get()
+    if not isinstance(folder, RemotePath) or (outer is not None and (folder.url + "/").startswith(outer[0] + "/")):
+        yield                                   # local, or listed already by an enclosing block
+        return
+
+    def listing(p: Any) -> dict[str, int]:
+        prefix = p._internal_str_path.strip("/") + "/"
+        return {f"msc://{folder.profile}/{o.key.lstrip('/')}": int(o.content_length)
+                for o in p.fs.list_recursive(p._internal_str_path) if o.key.lstrip("/").startswith(prefix)}
+
+    token = _LISTED.set((folder.url, folder._call("a listing", listing), {}))
+    try:
+        yield
+    finally:
+        _LISTED.reset(token)
 
 
 def as_data_path(value: Union[str, "os.PathLike[str]", RemotePath]) -> DataPath:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from energon_nemotron._energon import indexed_sample_key, reader_jsonl, reader_position, wrap_leaf_readers
-from energon_nemotron._energon.storage import RemotePath, as_data_path, object_size, read_range
+from energon_nemotron._energon.storage import RemotePath, as_data_path, listed, object_size, read_range
 from energon_nemotron.errors import DatasetError
 from energon_nemotron.guards.energon_files import META, info_counts, load_yaml_file, split_file
 
@@ -176,7 +176,8 @@ def leaf_problems(leaf: Any) -> list[str]:
     except DatasetError as e:
         return [str(e)]
     root = as_data_path(leaf.path)
-    found = (shard_problem(root / name, count, info) for name, count in shards)
+    with listed(root):                          # on object storage: one listing gives every size
+        found = [shard_problem(root / name, count, info) for name, count in shards]
     return [p for p in found if p]
 
 

@@ -10,11 +10,12 @@ agrees with ``.info`` (``guards.shards``).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Optional
 
 from energon_nemotron.config import DataConfig, MegatronSource, Source
-from energon_nemotron._energon.storage import as_data_path
+from energon_nemotron._energon.storage import DataPath, RemotePath, as_data_path, listed
 from energon_nemotron.cookers.selection import CookerSelection
 from energon_nemotron.cookers.subflavors import subflavor_problems
 from energon_nemotron.errors import ConfigError, DatasetError
@@ -94,7 +95,14 @@ def check_source(path: Path, split: str, data: Optional[DataConfig] = None) -> T
     """Check an Energon source before it is read (see the module docstring): a ``ConfigError`` for
     the tree or the subflavors, a ``DatasetError`` for damaged shards or indexes; the walked tree.
     ``data``: the config's data section (its cooker rules and ``other_subflavors``; None: defaults)."""
-    tree = walk(as_data_path(path), split)
+    root = as_data_path(path)
+    folder = isinstance(root, RemotePath) and root.suffix not in (".yaml", ".yml", ".json", ".jsonl")
+    with listed(root) if folder else contextlib.nullcontext():      # a folder on the store: one listing
+        return _check_source(root, split, data)
+
+
+def _check_source(path: DataPath, split: str, data: Optional[DataConfig]) -> Tree:
+    tree = walk(path, split)
     _raise(ConfigError, f"the data source {path} cannot be read", tree.problems)
     _check_splits(path, tree)
     cooked = [leaf for leaf in tree.leaves if leaf.kind != "remote" and not leaf.joined]
