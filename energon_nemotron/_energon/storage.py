@@ -229,8 +229,8 @@ class RemotePath:
 
     def signature(self) -> tuple:
         """(size, ETag) of the object: what changes when it is written again."""
-        info = self._call("a metadata request", lambda p: p.stat())
-        return int(info.content_length), str(getattr(info, "etag", None) or getattr(info, "last_modified", ""))
+        size, etag, _ = self.info()
+        return size, etag
 
     def read_range(self, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset``: one ranged GET through the profile's client (opening
