@@ -21,6 +21,9 @@ one untimed warm-up epoch), then epochs alternating local/msc, median of the rou
 A prepared aux source on the store is read one ranged GET per entry (its bytes, from the
 index), twice per image: the header in the plan, the decode when packed.
 
+The CPU seconds moto's server spends in a timed msc epoch (``*_server_cpu_s``) are what the
+store costs on the workers' own cores.
+
 ``ratio`` = msc tokens/s ÷ local tokens/s (text); ``media_ratio`` the same for the images
 (``media_met``: ≥ 0.8). Also reports
 the seconds of each side and the load average.
@@ -63,8 +66,15 @@ def epoch(loader) -> dict:
             "samples": sum(len(k) for b in batches for k in b.sample_keys), "batches": batches}
 
 
-def compare(loaders: dict, rounds: int) -> dict:
-    """Warm-up epoch (checked bit for bit), then ``rounds`` timed epochs alternating the sides."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def compare(loaders: dict, rounds: int, server: int) -> dict:
+    """Warm-up epoch (checked bit for bit), then ``rounds`` timed epochs alternating the sides;
+    also the CPU seconds the store's server (pid ``server``) spends in a timed msc epoch."""
     from energon_nemotron.parallel.broadcast import batches_equal
 
     first = {k: epoch(v) for k, v in loaders.items()}
@@ -73,11 +83,16 @@ def compare(loaders: dict, rounds: int) -> dict:
             batches_equal(x, y) for x, y in zip(a["batches"], b["batches"])):
         raise AssertionError("the batches read from msc:// differ from those read from local disk")
     times: dict[str, list[float]] = {"local": [], "msc": []}
+    server_cpu = []
     for r in range(rounds):
         for side in (("local", "msc") if r % 2 == 0 else ("msc", "local")):
+            before = cpu_seconds(server)
             times[side].append(epoch(loaders[side])["s"])
+            if side == "msc":
+                server_cpu.append(cpu_seconds(server) - before)
     out = {f"{k}_s": C.median(v) for k, v in times.items()}
-    out.update(tokens=a["tokens"], samples=a["samples"], ratio=out["local_s"] / out["msc_s"])
+    out.update(tokens=a["tokens"], samples=a["samples"], ratio=out["local_s"] / out["msc_s"],
+               server_cpu_s=C.median(server_cpu))
     return out
 
 
@@ -136,7 +151,7 @@ def main(argv=None) -> int:
                 cfg["data"]["train"]["path"] = path
                 cfg["loader"]["num_workers"] = 2
                 loaders[side] = build_train_loader(cfg, repeat=False)
-            text = compare(loaders, args.rounds)
+            text = compare(loaders, args.rounds, store.procs[0].pid)
             del loaders
 
             images = 60 if args.quick else SC.SAMPLES
@@ -148,7 +163,7 @@ def main(argv=None) -> int:
                 cfg = SC.loader_config(str(media_mix(jsonl, where, Path(tmp) / f"{side}.yaml")), 2)
                 cfg["loader"]["cache_pool"] = {"directory": str(Path(tmp) / f"pool-{side}")}
                 loaders[side] = build_train_loader(cfg, repeat=False)
-            media = compare(loaders, args.rounds)
+            media = compare(loaders, args.rounds, store.procs[0].pid)
             del loaders
         finally:
             store.stop()
@@ -159,6 +174,7 @@ def main(argv=None) -> int:
             "shards": len(list(dataset.rglob("*.tar"))), "upload_s": upload_s,
             "media_ratio": media["ratio"], "media_goal": GOAL, "media_met": media["ratio"] >= GOAL, "media_local_s": media["local_s"],
             "media_msc_s": media["msc_s"], "media_images": media["samples"], "rounds": args.rounds,
+            "text_server_cpu_s": text["server_cpu_s"], "media_server_cpu_s": media["server_cpu_s"],
             "workers": 2, "loadavg_1min": os.getloadavg()[0]})
     return 0
 
