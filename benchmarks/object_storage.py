@@ -19,7 +19,7 @@ one untimed warm-up epoch), then epochs alternating local/msc, median of the rou
   reads the images from the store again.
 
 A prepared aux source on the store is read one ranged GET per entry (its bytes, from the
-index), twice per image: the header in the plan, the decode when packed.
+index), once per image and epoch: the plan's header read and the pack's decode share it.
 
 The CPU seconds moto's server spends in a timed msc epoch (``*_server_cpu_s``) are what the
 store costs on the workers' own cores.

@@ -74,8 +74,9 @@ def test_aux_sources_on_the_store_are_checked_at_start(aux_corpus, object_store,
 
 
 def test_an_aux_entry_on_the_store_is_one_ranged_read_of_its_bytes(aux_corpus, remote_aux_mix, monkeypatch):
-    """Each read of a prepared aux source's entry on the store is one ranged read of exactly the
-    entry's bytes (from its index): no shard is opened, which would download all of it."""
+    """Each fetch of a prepared aux source's entry on the store is one ranged read of exactly the
+    entry's bytes (from its index), one per entry for its header and its decode: no shard is
+    opened, which would download all of it."""
     from test_media_sources import config as media_config
 
     from energon_nemotron._energon import storage
@@ -95,7 +96,9 @@ def test_an_aux_entry_on_the_store_is_one_ranged_read_of_its_bytes(aux_corpus, r
     monkeypatch.setattr(EPath, "open", lambda self, *a, **k: shard_opens.append(str(self)) or real_open(self, *a, **k))
     batches = list(build_train_loader(media_config({"train": {"path": str(remote_aux_mix)}}, 0), repeat=False))
     media = [r for r in reads if "/aux/shards/parts/" in r[0]]
-    assert batches and len(media) == 2 * 4, reads          # 4 entries of the shards source, header + decode each
+    # 4 entries of the shards source, each fetched once: the plan's header read and the pack's decode
+    # share one GET (the bytes kept between them, then dropped)
+    assert batches and len(media) == 4, reads
     import tarfile
 
     with tarfile.open(aux_corpus / "shards" / "parts" / "data-0.tar") as tf:   # the local copy of the shard
@@ -169,3 +172,32 @@ def test_a_manifest_on_the_store_is_checked_against_its_shards(packed_rows, obje
         with pytest.raises(ConfigError, match=r"shard 1 \(.*\) (does not exist beside the manifest|has 3 bytes, the "
                                               r"manifest records)"):
             list(build_train_loader(megatron_config(url, 0), repeat=False))
+
+
+def test_the_bytes_kept_between_an_entrys_two_reads_are_bounded(monkeypatch):
+    """An entry's bytes are kept from its first read to its second (then dropped); an entry over
+    REMOTE_CACHE_ENTRY_BYTES is never kept, and the oldest go first past REMOTE_CACHE_BYTES."""
+    from energon_nemotron._energon import storage
+    from energon_nemotron.cookers import media_sources as ms
+
+    fetched = []
+    monkeypatch.setattr(storage.RemotePath, "read_range",
+                        lambda self, offset, size: fetched.append((self.url, offset)) or b"x" * size)
+    monkeypatch.setattr(ms, "REMOTE_CACHE_BYTES", 10)
+    monkeypatch.setattr(ms, "REMOTE_CACHE_ENTRY_BYTES", 6)
+    monkeypatch.setattr(ms, "_REMOTE", ms.OrderedDict())
+    url = "msc://lake/s.tar"
+    for _ in range(3):
+        ms._remote_entry(url, 0, 5)
+    assert fetched == [(url, 0), (url, 0)]              # read, kept, read again (dropped), fetched anew
+    fetched.clear()
+    ms._remote_entry(url, 100, 8)
+    ms._remote_entry(url, 100, 8)
+    assert fetched == [(url, 100), (url, 100)]          # over the entry bound: never kept
+    ms._REMOTE.clear()
+    fetched.clear()
+    for offset in (200, 300, 400):                      # 15 bytes: the first one is dropped
+        ms._remote_entry(url, offset, 5)
+    assert list(ms._REMOTE) == [(url, 300, 5), (url, 400, 5)]
+    ms._remote_entry(url, 200, 5)
+    assert fetched[-1] == (url, 200)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections import OrderedDict
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -167,7 +168,7 @@ class AuxMedia:
         entry's bytes in its shard (from the index); else through the store."""
         try:
             at = remote_entry_range(self.store, self.key)
-            data = self.store.get(self.key) if at is None else RemotePath(at[0]).read_range(at[1], at[2])
+            data = self.store.get(self.key) if at is None else _remote_entry(*at)
             if at is not None and len(data) != at[2]:
                 raise ValueError(f"{len(data)} of its {at[2]} bytes are in the shard (truncated)")
         except (KeyError, OSError) as e:
@@ -182,6 +183,30 @@ class AuxMedia:
 
     def __repr__(self) -> str:
         return f"AuxMedia({self.source!r}, {self.key!r})"
+
+
+#: the bytes of aux entries on object storage read once in this process and not yet again, by
+#: (shard URL, offset, size), at most REMOTE_CACHE_BYTES in all (the oldest dropped first): the plan
+#: reads an entry for its header and the pack reads it again for its pixels a buffer later; one GET
+#: serves both, and the second read drops the bytes (a later epoch fetches the entry again)
+_REMOTE: "OrderedDict[tuple[str, int, int], bytes]" = OrderedDict()
+REMOTE_CACHE_BYTES = 64 << 20
+#: larger entries (videos, long audio) are read again rather than kept
+REMOTE_CACHE_ENTRY_BYTES = 4 << 20
+
+
+def _remote_entry(url: str, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of the shard ``url``: one ranged GET, or the bytes kept from the
+    last read of the same entry (see ``_REMOTE``)."""
+    key = (url, offset, size)
+    if key in _REMOTE:
+        return _REMOTE.pop(key)                 # its second read: kept no longer
+    data = RemotePath(url).read_range(offset, size)
+    if len(data) == size <= REMOTE_CACHE_ENTRY_BYTES:
+        _REMOTE[key] = data
+        while sum(len(v) for v in _REMOTE.values()) > REMOTE_CACHE_BYTES:
+            _REMOTE.popitem(last=False)
+    return data
 
 
 def _lookup(store: Any, key: str, modality: str, value: str, where: str, allowed: Sequence[Path]):
