@@ -186,6 +186,7 @@ def test_the_bytes_kept_between_an_entrys_two_reads_are_bounded(monkeypatch):
     monkeypatch.setattr(ms, "REMOTE_CACHE_BYTES", 10)
     monkeypatch.setattr(ms, "REMOTE_CACHE_ENTRY_BYTES", 6)
     monkeypatch.setattr(ms, "_REMOTE", ms.OrderedDict())
+    monkeypatch.setattr(ms, "_REMOTE_HELD", 0)
     url = "msc://lake/s.tar"
     for _ in range(3):
         ms._remote_entry(url, 0, 5)
@@ -195,6 +196,7 @@ def test_the_bytes_kept_between_an_entrys_two_reads_are_bounded(monkeypatch):
     ms._remote_entry(url, 100, 8)
     assert fetched == [(url, 100), (url, 100)]          # over the entry bound: never kept
     ms._REMOTE.clear()
+    ms._REMOTE_HELD = 0
     fetched.clear()
     for offset in (200, 300, 400):                      # 15 bytes: the first one is dropped
         ms._remote_entry(url, offset, 5)

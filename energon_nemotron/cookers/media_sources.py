@@ -190,6 +190,8 @@ class AuxMedia:
 #: reads an entry for its header and the pack reads it again for its pixels a buffer later; one GET
 #: serves both, and the second read drops the bytes (a later epoch fetches the entry again)
 _REMOTE: "OrderedDict[tuple[str, int, int], bytes]" = OrderedDict()
+#: the bytes ``_REMOTE`` holds
+_REMOTE_HELD = 0
 REMOTE_CACHE_BYTES = 64 << 20
 #: larger entries (videos, long audio) are read again rather than kept
 REMOTE_CACHE_ENTRY_BYTES = 4 << 20
@@ -198,14 +200,17 @@ REMOTE_CACHE_ENTRY_BYTES = 4 << 20
 def _remote_entry(url: str, offset: int, size: int) -> bytes:
     """``size`` bytes at ``offset`` of the shard ``url``: one ranged GET, or the bytes kept from the
     last read of the same entry (see ``_REMOTE``)."""
+    global _REMOTE_HELD
     key = (url, offset, size)
     if key in _REMOTE:
+        _REMOTE_HELD -= size
         return _REMOTE.pop(key)                 # its second read: kept no longer
     data = RemotePath(url).read_range(offset, size)
     if len(data) == size <= REMOTE_CACHE_ENTRY_BYTES:
         _REMOTE[key] = data
-        while sum(len(v) for v in _REMOTE.values()) > REMOTE_CACHE_BYTES:
-            _REMOTE.popitem(last=False)
+        _REMOTE_HELD += size
+        while _REMOTE_HELD > REMOTE_CACHE_BYTES:
+            _REMOTE_HELD -= len(_REMOTE.popitem(last=False)[1])
     return data
 
 

@@ -107,8 +107,6 @@ def store_lock(output: RemotePath) -> Iterator[RemotePath]:
 def fetch_inputs(inputs: Sequence[str | Path], folder: Path) -> list[str]:
     """The inputs as local paths: an ``msc://`` file (or a glob of its folder's names, ``*``/``?``
     in the last part) is fetched into ``folder`` (kept when the copy has the object's size)."""
-    import fnmatch
-
     out: list[str] = []
     for item in inputs:
         if not is_url(str(item)):
@@ -116,7 +114,7 @@ def fetch_inputs(inputs: Sequence[str | Path], folder: Path) -> list[str]:
             continue
         url = RemotePath(str(item))
         if any(c in url.name for c in "*?["):
-            found = sorted(p for p in url.parent.glob("*") if fnmatch.fnmatch(p.name, url.name))
+            found = sorted(url.parent.glob(url.name))
             if not found:
                 raise ConfigError(f"--input {item}: no object on the store matches it")
         else:
