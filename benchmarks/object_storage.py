@@ -13,13 +13,11 @@ one untimed warm-up epoch), then epochs alternating local/msc, median of the rou
 
 - media: ``scaling``'s 200 JPEGs of 1024×768 (``--quick``: 60) as an ``aux:`` source (a prepared
   dataset, local or on the store) of a local JSONL of one-image ``general_conversations`` rows, read
-  with ``loader.cache_pool`` set (Energon's ``FileStoreCachePool``); the first epoch is the untimed
-  warm-up, so ``media_ratio`` is the epochs after it. Energon's pool prefetches the aux entries of
-  the samples in flight and deletes each once read: it keeps nothing across epochs, so every epoch
-  reads the images from the store again.
-
-A prepared aux source on the store is read one ranged GET per entry (its bytes, from the
-index), once per image and epoch: the plan's header read and the pack's decode share it.
+  with ``loader.cache_pool`` set; the first epoch is the untimed warm-up, so ``media_ratio`` is the
+  epochs after it. In the first epoch each image is one ranged GET of its bytes (from the index),
+  shared by the plan's header read and the pack's decode; the loader keeps it in its entry cache
+  under the pool's folder (``cookers.remote_entries``), so the later epochs read it from local disk
+  (one file an image) while the local side reads it through Energon's store of the prepared dataset.
 
 The CPU seconds moto's server spends in a timed msc epoch (``*_server_cpu_s``) are what the
 store costs on the workers' own cores.

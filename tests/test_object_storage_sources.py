@@ -107,6 +107,81 @@ def test_an_aux_entry_on_the_store_is_one_ranged_read_of_its_bytes(aux_corpus, r
     assert not [u for u in shard_opens if u.endswith(".tar") and "/aux/shards/" in u], shard_opens
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_with_the_cache_pool_the_next_epochs_read_aux_entries_from_local_disk(aux_corpus, remote_aux_mix, tmp_path,
+                                                                              monkeypatch, workers):
+    """With ``loader.cache_pool`` set, the entries of a prepared aux source on the store are fetched
+    in the first epoch and kept in the loader's own folder under the pool's folder: the second
+    epoch fetches none (0 workers: counted) and gives the local second epoch's batches; the folder
+    goes with the loader."""
+    import gc
+
+    from test_media_sources import config as media_config
+
+    from energon_nemotron._energon import storage
+    from energon_nemotron.cookers.remote_entries import FOLDER_PREFIX
+
+    reads = []
+    real = storage.RemotePath.read_range
+    monkeypatch.setattr(storage.RemotePath, "read_range",
+                        lambda self, offset, length: reads.append(self.url) or real(self, offset, length))
+    pool = tmp_path / "pool"
+    epochs = {}
+    for name, mix in (("local", aux_corpus / "mix.yaml"), ("store", remote_aux_mix)):
+        cfg = media_config({"train": {"path": str(mix)}}, workers)
+        cfg["loader"]["cache_pool"] = {"directory": str(pool)}
+        loader = build_train_loader(cfg, repeat=False)
+        first = list(loader)
+        fetched = len([u for u in reads if "/aux/shards/parts/" in u])
+        epochs[name] = (first, list(loader))
+        if name == "store":
+            folders = list(pool.glob(f"{FOLDER_PREFIX}-*"))
+            assert len(folders) == 1 and len([p for p in folders[0].rglob("*") if p.is_file()]) == 4
+            if workers == 0:
+                assert fetched == 4 and len([u for u in reads if "/aux/shards/parts/" in u]) == 4, reads
+        del loader, first
+        gc.collect()
+    assert not list(pool.glob(f"{FOLDER_PREFIX}-*"))             # removed with its loader
+    for epoch in (0, 1):
+        here, there = epochs["local"][epoch], epochs["store"][epoch]
+        assert len(here) == len(there) > 0 and all(batches_equal(a, b) for a, b in zip(here, there))
+
+
+def test_the_entry_cache_keeps_its_bound_and_its_folder(tmp_path):
+    """Each process writes at most its share of the bound, whole files only; a short file is not
+    an entry; a folder left by a dead process of this host is removed when the next folder is
+    made beside it; only the process that made the cache removes its folder."""
+    import pickle
+    import subprocess
+    import sys
+
+    from energon_nemotron.cookers.remote_entries import EntryCache
+
+    cache = EntryCache(tmp_path, max_bytes=20, processes=2)          # 10 bytes a process
+    url = "msc://lake/s.tar"
+    assert cache.get(url, 0, 4) is None
+    assert cache.put(url, 0, 4, b"abcd") and cache.put(url, 4, 6, b"efghij")
+    assert not cache.put(url, 10, 1, b"k")                          # its share is full
+    assert not cache.put(url, 11, 3, b"xy")                         # not the entry's size
+    assert cache.get(url, 0, 4) == b"abcd" and cache.get(url, 4, 6) == b"efghij" and cache.get(url, 10, 1) is None
+    assert cache.get(url, 0, 5) is None                              # another entry (the same offset)
+    assert not list(cache.folder.rglob("*.tmp"))
+    worker = pickle.loads(pickle.dumps(cache))                       # what a worker process gets
+    assert worker.written == 0 and worker.get(url, 4, 6) == b"efghij" and worker.put(url, 20, 10, b"0123456789")
+    worker.owner = -1
+    worker.remove()                                                   # not its folder's maker: kept
+    assert cache.folder.is_dir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = tmp_path / cache.folder.name.replace(f"-{cache.owner}-", f"-{dead}-")
+    stale.mkdir()
+    other = EntryCache(tmp_path, max_bytes=20, processes=1)
+    assert other.put(url, 0, 4, b"abcd") and not stale.exists() and cache.folder.is_dir()
+    cache.remove()
+    other.remove()
+    assert not list(tmp_path.iterdir())
+
+
 # -- the Megatron-LM prepacked source on the store -----------------------------------------------------
 @pytest.fixture(scope="module")
 def packed_rows(tmp_path_factory, object_store):
@@ -176,30 +251,60 @@ def test_a_manifest_on_the_store_is_checked_against_its_shards(packed_rows, obje
 
 def test_the_bytes_kept_between_an_entrys_two_reads_are_bounded(monkeypatch):
     """An entry's bytes are kept from its first read to its second (then dropped); an entry over
-    REMOTE_CACHE_ENTRY_BYTES is never kept, and the oldest go first past REMOTE_CACHE_BYTES."""
-    from energon_nemotron._energon import storage
-    from energon_nemotron.cookers import media_sources as ms
+    HANDOFF_ENTRY_BYTES is never kept, and the oldest go first past HANDOFF_BYTES."""
+    from energon_nemotron.cookers import remote_entries as re_
 
     fetched = []
-    monkeypatch.setattr(storage.RemotePath, "read_range",
-                        lambda self, offset, size: fetched.append((self.url, offset)) or b"x" * size)
-    monkeypatch.setattr(ms, "REMOTE_CACHE_BYTES", 10)
-    monkeypatch.setattr(ms, "REMOTE_CACHE_ENTRY_BYTES", 6)
-    monkeypatch.setattr(ms, "_REMOTE", ms.OrderedDict())
-    monkeypatch.setattr(ms, "_REMOTE_HELD", 0)
+    monkeypatch.setattr(re_, "HANDOFF_BYTES", 10)
+    monkeypatch.setattr(re_, "HANDOFF_ENTRY_BYTES", 6)
+    monkeypatch.setattr(re_, "_HANDOFF", re_.OrderedDict())
+    monkeypatch.setattr(re_, "_HANDOFF_HELD", 0)
     url = "msc://lake/s.tar"
+
+    def read(offset, size):
+        return re_.remote_entry_bytes(url, offset, size, lambda: fetched.append((url, offset)) or b"x" * size)
+
     for _ in range(3):
-        ms._remote_entry(url, 0, 5)
+        read(0, 5)
     assert fetched == [(url, 0), (url, 0)]              # read, kept, read again (dropped), fetched anew
     fetched.clear()
-    ms._remote_entry(url, 100, 8)
-    ms._remote_entry(url, 100, 8)
+    read(100, 8)
+    read(100, 8)
     assert fetched == [(url, 100), (url, 100)]          # over the entry bound: never kept
-    ms._REMOTE.clear()
-    ms._REMOTE_HELD = 0
+    re_._HANDOFF.clear()
+    re_._HANDOFF_HELD = 0
     fetched.clear()
     for offset in (200, 300, 400):                      # 15 bytes: the first one is dropped
-        ms._remote_entry(url, offset, 5)
-    assert list(ms._REMOTE) == [(url, 300, 5), (url, 400, 5)]
-    ms._remote_entry(url, 200, 5)
+        read(offset, 5)
+    assert list(re_._HANDOFF) == [(url, 300, 5), (url, 400, 5)] and re_.handoff_held() == 10
+    read(200, 5)
     assert fetched[-1] == (url, 200)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_an_exact_resume_of_prepacked_rows_on_the_store_gives_the_rows_of_local_disk(packed_rows, object_store,
+                                                                                     workers, shuffled):
+    """Saved after 3 batches, restored in a new loader: the rest of the pass from the store, in file
+    order and shuffled, is the rest of the local pass (elastic resume applies to Energon sources
+    only, on the store as on disk)."""
+    import dataclasses
+
+    layout = "sharded/rows.jsonl.packed.manifest.json"
+    local, url = str(packed_rows / "sharded"), object_store.url("packed/sharded")
+    rest = {}
+    for side, path in (("local", str(packed_rows / layout)), ("store", object_store.url(f"packed/{layout}"))):
+        cfg = megatron_config(path, workers, shuffled)
+        loader = build_train_loader(cfg, repeat=False)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest[side] = list(it)
+        again = build_train_loader(cfg, repeat=False)
+        again.load_state_dict(state)
+        resumed = list(again)
+        assert len(resumed) == len(rest[side]) > 0 and all(batches_equal(a, b) for a, b in zip(rest[side], resumed))
+    there = [dataclasses.replace(b, sample_keys=[[k.replace(url, local) for k in row] for row in b.sample_keys])
+             for b in rest["store"]]
+    assert len(there) == len(rest["local"]) and all(batches_equal(a, b) for a, b in zip(rest["local"], there))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections import OrderedDict
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 from energon_nemotron._energon import (add_source_info, entry_size, filesystem_entry, remote_entry_range,
                                       store_entry_names, store_kind, store_local_base, webdataset_entry)
 from energon_nemotron._energon.storage import RemotePath
+from energon_nemotron.cookers.remote_entries import EntryCache, remote_entry_bytes
 from energon_nemotron.errors import ConfigError, DataError, MediaError
 from energon_nemotron.types import MediaRef
 
@@ -56,12 +56,14 @@ MAX_LISTED = 5
 @dataclass(frozen=True)
 class MediaScope:
     """What path resolution may use during one cook call: ``roots`` (resolved folders, in order),
-    ``aux`` (the dataset's aux sources by name: Energon ``FileStore``s) and ``lookups`` (a
-    ``telemetry.SharedCounter`` with ``LOOKUP_COUNTERS``, or None)."""
+    ``aux`` (the dataset's aux sources by name: Energon ``FileStore``s), ``lookups`` (a
+    ``telemetry.SharedCounter`` with ``LOOKUP_COUNTERS``, or None) and ``entry_cache`` (where aux
+    entries fetched from object storage are kept: ``remote_entries.EntryCache``, or None)."""
 
     roots: tuple[Path, ...] = ()
     aux: Mapping[str, Any] = field(default_factory=dict)
     lookups: Any = None
+    entry_cache: Optional[EntryCache] = None
 
 
 _SCOPE: ContextVar[MediaScope] = ContextVar("energon_nemotron_media_scope", default=MediaScope())
@@ -69,10 +71,11 @@ _SCOPE: ContextVar[MediaScope] = ContextVar("energon_nemotron_media_scope", defa
 
 @contextmanager
 def media_scope(roots: Sequence[Path] = (), aux: Optional[Mapping[str, Any]] = None,
-                lookups: Any = None) -> Iterator[MediaScope]:
-    """Make ``roots``, the aux sources ``aux`` and the counter ``lookups`` available to
-    ``path_media`` while the block runs (a custom task encoder wraps its cook calls in this)."""
-    scope = MediaScope(tuple(Path(r).resolve() for r in roots), aux_sources(aux or {}), lookups)
+                lookups: Any = None, entry_cache: Optional[EntryCache] = None) -> Iterator[MediaScope]:
+    """Make ``roots``, the aux sources ``aux``, the counter ``lookups`` and the ``entry_cache``
+    available to ``path_media`` while the block runs (a custom task encoder wraps its cook calls in
+    this)."""
+    scope = MediaScope(tuple(Path(r).resolve() for r in roots), aux_sources(aux or {}), lookups, entry_cache)
     token = _SCOPE.set(scope)
     try:
         yield scope
@@ -146,10 +149,10 @@ class AuxMedia:
     ``get()`` reads its bytes through the store (the task encoder has ``decoder = None``, so aux
     stores are not wrapped in a ``DecodeFileStore`` and return raw bytes)."""
 
-    __slots__ = ("store", "key", "source")
+    __slots__ = ("store", "key", "source", "cache")
 
-    def __init__(self, store: Any, key: str, source: str) -> None:
-        self.store, self.key, self.source = store, key, source
+    def __init__(self, store: Any, key: str, source: str, cache: Optional[EntryCache] = None) -> None:
+        self.store, self.key, self.source, self.cache = store, key, source, cache
 
     def size(self) -> Optional[int]:
         """The entry's byte size from the source's index or file system, without reading it (None:
@@ -165,10 +168,12 @@ class AuxMedia:
 
     def get(self) -> bytes:
         """The entry's bytes: from a prepared dataset on object storage, one ranged read of the
-        entry's bytes in its shard (from the index); else through the store."""
+        entry's bytes in its shard (from the index), fetched once (``cookers.remote_entries``: the
+        handoff and, with the cache pool set, the entry cache ``cache``); else through the store."""
         try:
             at = remote_entry_range(self.store, self.key)
-            data = self.store.get(self.key) if at is None else _remote_entry(*at)
+            data = self.store.get(self.key) if at is None else remote_entry_bytes(
+                *at, fetch=lambda: RemotePath(at[0]).read_range(at[1], at[2]), cache=self.cache)
             if at is not None and len(data) != at[2]:
                 raise ValueError(f"{len(data)} of its {at[2]} bytes are in the shard (truncated)")
         except (KeyError, OSError) as e:
@@ -183,35 +188,6 @@ class AuxMedia:
 
     def __repr__(self) -> str:
         return f"AuxMedia({self.source!r}, {self.key!r})"
-
-
-#: the bytes of aux entries on object storage read once in this process and not yet again, by
-#: (shard URL, offset, size), at most REMOTE_CACHE_BYTES in all (the oldest dropped first): the plan
-#: reads an entry for its header and the pack reads it again for its pixels a buffer later; one GET
-#: serves both, and the second read drops the bytes (a later epoch fetches the entry again)
-_REMOTE: "OrderedDict[tuple[str, int, int], bytes]" = OrderedDict()
-#: the bytes ``_REMOTE`` holds
-_REMOTE_HELD = 0
-REMOTE_CACHE_BYTES = 64 << 20
-#: larger entries (videos, long audio) are read again rather than kept
-REMOTE_CACHE_ENTRY_BYTES = 4 << 20
-
-
-def _remote_entry(url: str, offset: int, size: int) -> bytes:
-    """``size`` bytes at ``offset`` of the shard ``url``: one ranged GET, or the bytes kept from the
-    last read of the same entry (see ``_REMOTE``)."""
-    global _REMOTE_HELD
-    key = (url, offset, size)
-    if key in _REMOTE:
-        _REMOTE_HELD -= size
-        return _REMOTE.pop(key)                 # its second read: kept no longer
-    data = RemotePath(url).read_range(offset, size)
-    if len(data) == size <= REMOTE_CACHE_ENTRY_BYTES:
-        _REMOTE[key] = data
-        _REMOTE_HELD += size
-        while _REMOTE_HELD > REMOTE_CACHE_BYTES:
-            _REMOTE_HELD -= len(_REMOTE.popitem(last=False)[1])
-    return data
 
 
 def _lookup(store: Any, key: str, modality: str, value: str, where: str, allowed: Sequence[Path]):
@@ -304,4 +280,4 @@ def aux_media(sample: dict, value: str, modality: str, where: str, source: str, 
             scope.lookups.add("basename_fallback")
     if info is not None:
         add_source_info(sample, info)
-    return MediaRef(modality, AuxMedia(store, key, source), {}, name=value)
+    return MediaRef(modality, AuxMedia(store, key, source, scope.entry_cache), {}, name=value)

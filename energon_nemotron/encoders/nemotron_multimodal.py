@@ -110,7 +110,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         self.cookers = build_cookers(default_cooker, cookers)
         self.media_roots = tuple(Path(r).resolve() for r in media_roots)
         runtime = runtime or Runtime()
-        self.counters = runtime.counters
+        self.counters, self.entry_cache = runtime.counters, runtime.entry_cache
         self.text = ConversationTokenizer(tokenizer, o.prompt_format, o.model_dump(include={"thinking_trace_format", "relax_thinking_trace_check"}))
         tok = self.text.tokenizer
         self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
@@ -222,7 +222,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         shown = sample_where(sample) if isinstance(sample, dict) and "__key__" in sample else None
         if shown is not None:
             began(shown)                                   # what a watchdog timeout names (guards.stalls)
-        with media_scope(self.media_roots, aux, self.counters.lookups):
+        with media_scope(self.media_roots, aux, self.counters.lookups, self.entry_cache):
             cooked = super().cook_crude_sample(sample, cooker, aux)
         if shown is not None and getattr(cooked, "__key__", None) == sample["__key__"]:
             cooked.__key__ = shown

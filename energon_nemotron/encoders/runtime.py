@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from energon_nemotron.cookers.media_sources import LOOKUP_COUNTERS
+from energon_nemotron.cookers.remote_entries import EntryCache
 from energon_nemotron.guards.policy import skip_counter
 from energon_nemotron.guards.skip_limits import record_pass
 from energon_nemotron.media.handlers import MEDIA_COUNTERS
@@ -89,8 +90,11 @@ class Runtime:
     workers); ``failure_tolerance``: consecutive failures Energon allows a stage (0: never fatal;
     None: Energon's default, or 0 with ``options.on_error: skip``); ``tokenize_per_buffer``: with
     packing, tokenize once per packing buffer (``encoders.buffered``), else in ``preencode_sample``
-    (a reader that stops after phase 1)."""
+    (a reader that stops after phase 1); ``entry_cache``: where aux entries fetched from object
+    storage are kept for the next epochs (``cookers.remote_entries.EntryCache``, made by the loader
+    when ``loader.cache_pool`` is set; None: each epoch fetches them again)."""
 
     counters: EncoderCounters = field(default_factory=EncoderCounters)
     failure_tolerance: Optional[int] = None
     tokenize_per_buffer: bool = True
+    entry_cache: Optional[EntryCache] = None

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from energon_nemotron._energon import is_no_cooker_error, is_weighted_blend_error, quiet_progress
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, format_validation_error, load_config
+from energon_nemotron.cookers.remote_entries import EntryCache
 from energon_nemotron.encoders.outputs import PACKED_BATCH
 from energon_nemotron.encoders.pre_pack import cost_model
 from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
@@ -49,6 +50,8 @@ ConfigLike = Union[LoaderConfig, str, Path, dict]
 
 #: set to 1 (the command line's --verbose) to keep Energon's per-worker shard lines and buffer bars
 VERBOSE_ENV = "ENERGON_NEMOTRON_VERBOSE"
+#: the entry cache's bound when ``loader.cache_pool.max_gbytes`` is not set
+ENTRY_CACHE_GBYTES = 16.0
 
 
 def as_config(config: ConfigLike) -> LoaderConfig:
@@ -116,7 +119,8 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     quiet_progress(os.environ.get(VERBOSE_ENV) != "1")
     check_source(src.path, src.split, cfg.data)   # tree, subflavors, shards against indexes
     # skipping never turns into a fatal error (the skip limits stop a run that only skips)
-    runtime = Runtime(counters, failure_tolerance=0 if cfg.loader.on_error == "skip" else None)
+    runtime = Runtime(counters, failure_tolerance=0 if cfg.loader.on_error == "skip" else None,
+                      entry_cache=_entry_cache(cfg.loader))
     encoder = build_task_encoder(cfg, runtime=runtime)
     if encoder.options.output != PACKED_BATCH:
         what = "NeMo-RL's packed batch dicts" if encoder.options.output == "nemo_rl_packed" else \
@@ -158,6 +162,16 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
                               watchdog_timeout_seconds=s.watchdog_timeout_seconds, prefetch_factor=s.prefetch_factor,
                               checkpoint_every_sec=s.checkpoint_every_sec, checkpoint_every_min_n_samples=1,
                               cache_pool=_cache_pool(s.cache_pool), fail_on_timeout=s.watchdog_timeout_seconds is not None)
+
+
+def _entry_cache(s: Any) -> Optional[EntryCache]:
+    """Where this loader keeps the aux entries it fetches from object storage
+    (``cookers.remote_entries``): a folder of its own under ``loader.cache_pool.directory``, bounded
+    by ``max_gbytes`` over its worker processes (None: the cache pool is not set)."""
+    if s.cache_pool is None:
+        return None
+    gbytes = ENTRY_CACHE_GBYTES if s.cache_pool.max_gbytes is None else s.cache_pool.max_gbytes
+    return EntryCache(s.cache_pool.directory, int(gbytes * (1 << 30)), max(1, s.num_workers))
 
 
 def _cache_pool(pool: Any) -> Any:
