@@ -99,7 +99,8 @@ def main(argv=None) -> int:
     import torch
     from PIL import Image
 
-    from energon_nemotron.media.video import VideoOptions, plan_video, process_video, video_metadata
+    from energon_nemotron.media.video import VideoOptions, plan_video, video_metadata
+    from energon_nemotron.media.video_frames import process_video
 
     mean = np.array((0.48145466, 0.4578275, 0.40821073), np.float32)
     std = np.array((0.26862954, 0.26130258, 0.27577711), np.float32)

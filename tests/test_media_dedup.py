@@ -21,8 +21,8 @@ from energon_nemotron.loading import build_train_loader
 from energon_nemotron.media.handlers import payload_digest, provenance_key
 from energon_nemotron.media import plan_image
 from energon_nemotron.tensors import PackedTensor
-from energon_nemotron.media.video import (VideoOptions, VideoPlan, plan_video, process_video, process_video_frames,
-                                          video_metadata)
+from energon_nemotron.media.video import VideoOptions, VideoPlan, plan_video, video_metadata
+from energon_nemotron.media.video_frames import process_video, process_video_frames
 from energon_nemotron.parallel.broadcast import (BroadcastStats, _plan, batches_equal, broadcast_packed_batch,
                                                  packed_batch_to_wire)
 from conftest import free_port

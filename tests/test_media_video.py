@@ -15,8 +15,9 @@ from PIL import Image
 
 from energon_nemotron.demo.media import make_audio, make_video
 from energon_nemotron.errors import ConfigError, MediaError
-from energon_nemotron.media.video import (VideoOptions, VideoPlan, frame_timestamps, plan_video,
-                                          process_video, video_metadata, video_prompt)
+from energon_nemotron.media.video import (VideoOptions, VideoPlan, frame_timestamps, plan_video, video_metadata,
+                                          video_prompt)
+from energon_nemotron.media.video_frames import process_video
 
 MEAN = np.array((0.48145466, 0.4578275, 0.40821073), np.float32)
 STD = np.array((0.26862954, 0.26130258, 0.27577711), np.float32)

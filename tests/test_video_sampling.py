@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_nemotron.errors import ConfigError, MediaError
-from energon_nemotron.media.video import VideoOptions, plan_video, process_video, video_metadata
+from energon_nemotron.media.video import VideoOptions, plan_video, video_metadata
+from energon_nemotron.media.video_frames import process_video
 from energon_nemotron.media.video_sampling import bridge_indices, hf_indices, hf_label_times
 from indexed_video import make_indexed_video, read_frame_index
 from mp4_rotation import with_rotation

@@ -296,7 +296,7 @@ class MediaHandlers:
             units = plan.num_units
             keys: tuple[str, ...] = (provenance_key("image", payload_digest(payload), plan),)
         else:
-            from energon_nemotron.media.video import process_video_frames
+            from energon_nemotron.media.video_frames import process_video_frames
 
             pixels, frames = process_video_frames(payload, plan, self.video_options)
             units = plan.num_tubelets * self.video_options.temporal_patch
