@@ -52,8 +52,8 @@ def main(argv=None) -> int:
     from PIL import Image
 
     from energon_nemotron.demo.media import make_image
-    from energon_nemotron.media.image import (CLIP_MEAN, CLIP_STD, ImageOptions, image_header_size, plan_image,
-                                              process_image)
+    from energon_nemotron.media.image import CLIP_MEAN, CLIP_STD, ImageOptions, image_header_size, plan_image
+    from energon_nemotron.media.image_pixels import process_image
 
     mean, std = np.asarray(CLIP_MEAN, np.float32), np.asarray(CLIP_STD, np.float32)
     images = [((w, h), make_image(w, h, seed=s, fmt="JPEG")) for (w, h) in SIZES for s in range(seeds)]

@@ -78,7 +78,8 @@ def measure(images: list[tuple[str, bytes]], rounds: int) -> dict:
     two outputs)."""
     import numpy as np
 
-    from energon_nemotron.media.image import image_header_size, plan_image, process_image
+    from energon_nemotron.media.image import image_header_size, plan_image
+    from energon_nemotron.media.image_pixels import process_image
 
     images = sorted(images)                 # the worker's order (it reads the files by name)
     with tempfile.TemporaryDirectory() as tmp:

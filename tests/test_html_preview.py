@@ -44,7 +44,8 @@ def test_page_content(page):
 
 def test_unpatchify_inverts_the_image_path():
     from energon_nemotron.demo.media import make_image
-    from energon_nemotron.media.image import ImageOptions, image_header_size, plan_image, process_image
+    from energon_nemotron.media.image import ImageOptions, image_header_size, plan_image
+    from energon_nemotron.media.image_pixels import process_image
 
     data = make_image(96, 64, seed=3, fmt="PNG")
     plan = plan_image(*image_header_size(data), ImageOptions(min_patches=16, max_patches=64))

@@ -25,10 +25,9 @@ from energon_nemotron.media.image import (
     ImageOptions,
     ImagePlan,
     image_header_size,
-    patchify,
     plan_image,
-    process_image,
 )
+from energon_nemotron.media.image_pixels import patchify, process_image
 
 TILING = ImageOptions(mode="tiling")
 

@@ -31,7 +31,7 @@ from energon_nemotron.encoders import NemotronMultimodalOptions
 from energon_nemotron.integrations.nemo_rl import to_nemo_rl_megatron_rows, to_nemo_rl_packed
 from energon_nemotron.loading import build_task_encoder, build_train_loader
 from energon_nemotron.loading.evened_validation import padding_batch
-from energon_nemotron.media.image import patchify
+from energon_nemotron.media.image_pixels import patchify
 from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder, collate_rows
 from energon_nemotron.packing import assemble_row, batch_rows
 from energon_nemotron.registry import BATCH_OUTPUTS, COOKERS

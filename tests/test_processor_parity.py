@@ -12,7 +12,8 @@ import torch
 
 from energon_nemotron.media.audio import AudioOptions, audio_metadata, plan_audio, process_audio
 from energon_nemotron.media import MediaHandlers
-from energon_nemotron.media.image import ImageOptions, image_header_size, plan_image, process_image
+from energon_nemotron.media.image import ImageOptions, image_header_size, plan_image
+from energon_nemotron.media.image_pixels import process_image
 from energon_nemotron.media.video import VideoOptions, plan_video, video_metadata, video_prompt
 from energon_nemotron.media.video_frames import process_video
 from energon_nemotron.tokenization import TextEncoder

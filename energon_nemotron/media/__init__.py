@@ -7,7 +7,8 @@ for the task encoder (``MediaHandlers``) and names the placeholder tokens.
 
 from energon_nemotron.media.audio import AudioOptions, AudioPlan, plan_audio, process_audio
 from energon_nemotron.media.handlers import MEDIA_COUNTERS, MediaHandlers, PlannedMedia, read_payload
-from energon_nemotron.media.image import ImageOptions, ImagePlan, plan_image, process_image
+from energon_nemotron.media.image import ImageOptions, ImagePlan, plan_image
+from energon_nemotron.media.image_pixels import process_image
 from energon_nemotron.media.video import VideoOptions, VideoPlan, plan_video
 from energon_nemotron.media.video_frames import process_video
 

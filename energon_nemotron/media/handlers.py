@@ -290,7 +290,7 @@ class MediaHandlers:
             key = provenance_key("audio", payload_digest(payload), plan, self.audio_options)
             return {"features": features, "lengths": lengths.to(torch.int64), "keys": (key,)}
         if planned.modality == "image":
-            from energon_nemotron.media.image import process_image
+            from energon_nemotron.media.image_pixels import process_image
 
             pixels = process_image(payload, plan)
             units = plan.num_units

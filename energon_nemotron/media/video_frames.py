@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from energon_nemotron.errors import MediaError
-from energon_nemotron.media.image import patch_grid
+from energon_nemotron.media.image_pixels import patch_grid
 from energon_nemotron.media.rotation import rotate_frame
 from energon_nemotron.media.video import VideoOptions, VideoPlan
 from energon_nemotron.media.video_decode import VideoSource, frames_at_indices, frames_at_times
