@@ -163,7 +163,7 @@ def test_prompt_format_tokenizer_without_a_chat_template_names_the_folder(tmp_pa
     ("video", {"num_frames": 2.5}, r"video\.num_frames: expected an integer or null, got 2\.5 \(a number\)"),
     ("video", {"num_frames": "4"}, r"video\.num_frames: expected an integer or null, got '4' \(a string\)"),
     ("video", {"sampling": "even"},
-     r"video\.sampling: expected one of 'hf', 'bridge', 'midpoints', got 'even' \(a string\)"),
+     r"video\.sampling: expected one of 'hf', 'bridge', 'midpoints', 'nemo_rl', got 'even' \(a string\)"),
     ("image", {"max_patches": "x"}, r"image\.max_patches: expected an integer, got 'x' \(a string\)"),
     ("image", {"patch_size": True}, r"image\.patch_size: expected an integer, got True \(a boolean\)"),
     ("image", {"use_thumbnail": "yes"}, r"image\.use_thumbnail: expected true or false, got 'yes' \(a string\)"),
@@ -172,7 +172,7 @@ def test_prompt_format_tokenizer_without_a_chat_template_names_the_folder(tmp_pa
     ("audio", {"clip_seconds": {"a": 1}}, r"audio\.clip_seconds: expected a number, got \{'a': 1\} \(a mapping\)"),
     ("audio", {"tolerance_seconds": -0.1}, r"audio\.tolerance_seconds: must be >= 0, got -0\.1"),
     ("audio", {"clip_seconds": 0}, r"audio\.clip_seconds: must be > 0, got 0"),
-    ("video", {"fpss": 2}, r"video: unknown key\(s\) 'fpss'; valid keys: fps, min_frames, .*, backend"),
+    ("video", {"fpss": 2}, r"video: unknown key\(s\) 'fpss'; valid keys: fps, min_frames, .*, backend, augment_frames_up, augment_resolution_up, augment_resolution_only, temporal_jitter"),
     ("video", {"min_frames": 8, "max_frames": 4}, r"video: need 1 <= min_frames <= max_frames, got 8, 4"),
 ])
 def test_b_wrongly_typed_media_options_name_the_field(tmp_path, kind, values, message):

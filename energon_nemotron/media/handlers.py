@@ -253,6 +253,8 @@ class MediaHandlers:
                 tokens += piece + [ids["<img>"]]
                 runs.append((len(tokens), n))
                 tokens += [ids["<image>"]] * n + [ids["</img>"]]
+            if plan.outro:
+                tokens += newline
             return PlannedMedia(index, "video", plan, tokens, plan.num_tokens, runs=runs)
         if ref.modality == "audio":
             from energon_nemotron.media.audio import audio_metadata, plan_audio

@@ -40,12 +40,13 @@ import numbers
 import os
 import struct
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Callable, Literal, Optional, Union
 
 import torch
 from PIL import Image
 
 from energon_nemotron.errors import ConfigError, MediaError
+from energon_nemotron.media.augment import tiling_perturbation
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "ImageOptions", "ImagePlan", "image_header_size", "plan_image"]
 
@@ -84,6 +85,9 @@ class ImageOptions:
     use_thumbnail: bool = True
     max_pixels: int = 89_478_485
     resize: Literal["hf", "pil"] = "hf"
+    #: NeMo-RL's tiling augmentation, for the images of datasets with ``data_augment: true``
+    #: (dynamic mode): the probability that a side of the grid moves by 32 patches (``media.augment``)
+    tiling_augment_prob: float = 0.4
 
     def __post_init__(self) -> None:
         if self.mode not in ("dynamic", "tiling"):
@@ -97,6 +101,8 @@ class ImageOptions:
                 raise ConfigError(f"image option {name} must be a positive int, not {value!r}")
         if self.max_patches < self.downsample ** 2:
             raise ConfigError(f"max_patches {self.max_patches} < downsample**2 = {self.downsample ** 2}")
+        if not (isinstance(self.tiling_augment_prob, (int, float)) and 0 <= self.tiling_augment_prob <= 1):
+            raise ConfigError(f"image option tiling_augment_prob must be in [0, 1], not {self.tiling_augment_prob!r}")
         if self.tile_size % (self.patch_size * self.downsample):
             raise ConfigError(f"tile_size {self.tile_size} is not a multiple of patch_size * downsample "
                               f"= {self.patch_size * self.downsample}")
@@ -173,9 +179,12 @@ def image_header_size(data: ImageSource) -> tuple[int, int]:
         return _oriented_size(im, _orientation(im))
 
 
-def _dynamic_grid(width: int, height: int, o: ImageOptions) -> tuple[int, int]:
+def _dynamic_grid(width: int, height: int, o: ImageOptions,
+                  perturb: Optional[Callable[[int, int, int], tuple[int, int]]] = None) -> tuple[int, int]:
     """Omni ``get_patch_grid_size``: native grid with Python (banker's) ``round(x + 0.5)``, scaled
-    down to ``max_patches``, up to ``min_patches``, then sides made multiples of ``downsample``."""
+    down to ``max_patches``, up to ``min_patches``, then sides made multiples of ``downsample``.
+    ``perturb(grid_h, grid_w, budget)``: a change of the grid before the rounding to multiples
+    (NeMo-RL's tiling augmentation, ``media.augment.tiling_perturbation``)."""
     m, budget, least = o.downsample, o.max_patches, o.min_patches
     gh, gw = round(height / o.patch_size + 0.5), round(width / o.patch_size + 0.5)
     shrink = min(math.sqrt(budget / (gh * gw)), 1.0)
@@ -184,13 +193,15 @@ def _dynamic_grid(width: int, height: int, o: ImageOptions) -> tuple[int, int]:
     if budget > least and gh * gw < least:
         grow = math.sqrt(least / (gh * gw))
         gh, gw = math.ceil(grow * gh), math.ceil(grow * gw)
+    if perturb is not None:
+        gh, gw = perturb(gh, gw, budget)
     if gh % m:
         up = gh + m - gh % m
         gh = up if up * gw <= budget else max(m, gh - gh % m)
     if gw % m:
         up = gw + m - gw % m
         gw = up if gh * up <= budget else max(m, gw - gw % m)
-    if gh * gw > budget:
+    if gh * gw > budget and perturb is None:       # a perturbed grid may pass its budget, as in NeMo-RL
         raise MediaError(f"image {width}x{height}: aspect ratio too extreme for max_patches {budget} "
                          f"({gh}x{gw} patches)")
     return gh, gw
@@ -223,9 +234,12 @@ def _tile_grid(width: int, height: int, o: ImageOptions) -> tuple[int, int]:
     return best
 
 
-def plan_image(width: int, height: int, options: ImageOptions = ImageOptions()) -> ImagePlan:
+def plan_image(width: int, height: int, options: ImageOptions = ImageOptions(),
+               augment: Optional[tuple[float, float, float]] = None) -> ImagePlan:
     """The :class:`ImagePlan` for a ``width`` x ``height`` image (after EXIF orientation), from the
-    size alone. Raises ``MediaError`` for a non-positive size or more than ``max_pixels`` pixels."""
+    size alone. Raises ``MediaError`` for a non-positive size or more than ``max_pixels`` pixels.
+    ``augment``: the three uniforms of NeMo-RL's tiling augmentation (``media.augment``; dynamic
+    mode only), None: not augmented."""
     if not (isinstance(width, numbers.Integral) and isinstance(height, numbers.Integral)) or min(width, height) < 1:
         raise MediaError(f"invalid image size {width!r}x{height!r}")
     width, height = int(width), int(height)
@@ -234,8 +248,12 @@ def plan_image(width: int, height: int, options: ImageOptions = ImageOptions()) 
                          f"{options.max_pixels} (decompression-bomb guard)", code="media_too_large")
     shuffle = options.downsample ** 2
     if options.mode == "dynamic":
-        gh, gw = _dynamic_grid(width, height, options)
+        perturb = None if augment is None else \
+            (lambda h, w, budget: tiling_perturbation(h, w, budget, augment, options.tiling_augment_prob))
+        gh, gw = _dynamic_grid(width, height, options, perturb)
         return ImagePlan(width, height, gh, gw, 1, 1, 1, gh * gw // shuffle, options.patch_size, options.resize)
+    if augment is not None:
+        raise ConfigError("the tiling augmentation (data_augment) applies to image mode dynamic, not tiling")
     tw, th = _tile_grid(width, height, options)
     units = tw * th + (1 if options.use_thumbnail and tw * th > 1 else 0)
     g = options.tile_size // options.patch_size

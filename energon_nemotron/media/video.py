@@ -8,7 +8,10 @@ decodes only the chosen frames into pre-patchified rows.
 Frame choice and labels (``VideoOptions.sampling``, :mod:`energon_nemotron.media.video_sampling`):
 ``hf`` (default) — the official Omni processor's indices, timestamps and prompt (no intro line);
 ``bridge`` — Megatron-Bridge 0.6.2's sampler, labels and ``"This is a video:"`` intro;
-``midpoints`` — the project's earlier rule (segment midpoints, decoded by time, with the intro).
+``midpoints`` — the project's earlier rule (segment midpoints, decoded by time, with the intro);
+``nemo_rl`` — NeMo-RL's (Megatron-LM's) selection and prompt, with its augmentation (the drawn
+scale, the temporal jitter: :mod:`energon_nemotron.media.augment`), decoded by time, with the intro
+and a newline after the last tubelet.
 The frame count: ``hf`` and ``midpoints`` take ``num_frames`` when set, else ``int(fps * duration)``
 (``hf``: ``int(total / fps_src * fps)``, the processor's own expression), clamped to
 ``[min_frames, max_frames]`` and to the frame count; ``bridge`` follows Bridge (``int(fps)``, no
@@ -34,17 +37,20 @@ from typing import Literal, Optional
 
 from energon_nemotron.errors import ConfigError, MediaError
 from energon_nemotron.media import video_sampling as sampling_rules
+from energon_nemotron.media.augment import (nemo_rl_frame_count, nemo_rl_times, pick_scale, scale_values,
+                                            scaled_target)
+from energon_nemotron.media.draws import uniforms, uniforms_f32
 from energon_nemotron.media.rotation import rotated_size, video_rotation
 from energon_nemotron.media.video_decode import (VideoSource, check_pixels, open_bytes)
 from energon_nemotron.media.video_sampling import midpoint_times as frame_timestamps
 
 __all__ = ["VideoOptions", "VideoPlan", "video_metadata", "plan_video", "frame_timestamps", "video_prompt"]
 
-SAMPLINGS = ("hf", "bridge", "midpoints")
+SAMPLINGS = ("hf", "bridge", "midpoints", "nemo_rl")
 #: ``(fps, max_frames)`` each sampling takes where the options leave them unset (None): the Omni
 #: configuration for ``hf`` and ``midpoints``; Megatron-Bridge's own collate for ``bridge`` (its
 #: ``video_fps`` 1.0 and ``nframe_max`` -1: no cap)
-SAMPLING_DEFAULTS = {"hf": (2.0, 32), "midpoints": (2.0, 32), "bridge": (1.0, None)}
+SAMPLING_DEFAULTS = {"hf": (2.0, 32), "midpoints": (2.0, 32), "bridge": (1.0, None), "nemo_rl": (2.0, 32)}
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class VideoOptions:
     min_frames: int = 8
     max_frames: Optional[int] = None
     num_frames: Optional[int] = None
-    sampling: Literal["hf", "bridge", "midpoints"] = "hf"
+    sampling: Literal["hf", "bridge", "midpoints", "nemo_rl"] = "hf"
     resize: Literal["hf", "pil"] = "hf"
     temporal_patch: int = 2
     target_patches: int = 1024
@@ -72,6 +78,19 @@ class VideoOptions:
     max_duration: float = 600.0
     max_pixels: int = 8192 * 8192
     backend: Literal["pyav", "decord"] = "pyav"
+    #: NeMo-RL's augmentation (``sampling: nemo_rl``; ``media.augment``): a scale drawn from 1,
+    #: 2 … ``augment_frames_up`` and 1/2 … 1/``augment_resolution_up`` (None: none of that kind);
+    #: ``augment_resolution_only``: the scale changes the resolution only; ``temporal_jitter``:
+    #: each frame's time moves by up to half a segment
+    augment_frames_up: Optional[int] = None
+    augment_resolution_up: Optional[int] = None
+    augment_resolution_only: bool = False
+    temporal_jitter: bool = False
+
+    @property
+    def augments(self) -> bool:
+        """Whether planning draws (a scale with more than one value, or the jitter)."""
+        return len(scale_values(self.augment_frames_up, self.augment_resolution_up)) > 1 or self.temporal_jitter
 
     def __post_init__(self) -> None:
         if self.sampling not in SAMPLINGS:
@@ -98,6 +117,17 @@ class VideoOptions:
             raise ConfigError(f"video backend must be 'pyav' or 'decord', got {self.backend!r}")
         if self.resize not in ("hf", "pil"):
             raise ConfigError(f"video resize must be 'hf' or 'pil', got {self.resize!r}")
+        for name in ("augment_frames_up", "augment_resolution_up"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ConfigError(f"video {name} must be a positive int or null, got {value!r}")
+        if self.augments and self.sampling != "nemo_rl":
+            raise ConfigError(f"the video augmentation (augment_frames_up, augment_resolution_up, temporal_jitter) "
+                              f"is NeMo-RL's and applies to its frame selection: set sampling: nemo_rl (it is "
+                              f"{self.sampling!r})")
+        if self.sampling == "nemo_rl" and (self.min_frames < self.temporal_patch or self.max_frames % self.temporal_patch):
+            raise ConfigError(f"sampling nemo_rl needs min_frames >= temporal_patch and max_frames a multiple of it "
+                              f"(NeMo-RL's checks), got {self.min_frames}, {self.max_frames}, {self.temporal_patch}")
         if self.sampling == "bridge" and self.num_frames is None and int(self.fps) < 1:
             raise ConfigError(f"sampling 'bridge' truncates fps to an integer (int({self.fps}) = 0 makes Bridge "
                               "switch to a fixed count): set video.num_frames")
@@ -133,6 +163,10 @@ class VideoPlan:
     resize: str = "hf"
     #: pixels per patch side (``VideoOptions.patch_size``): each patch row holds 3·p·p values
     patch_size: int = 16
+    #: the drawn augmentation scale that applied (``media.augment``; 1: none)
+    scale: float = 1.0
+    #: text after the last tubelet (``"\n"`` for ``nemo_rl``, whose prompt ends with a newline)
+    outro: str = ""
 
     @property
     def num_frames(self) -> int:
@@ -202,17 +236,18 @@ def video_metadata(data: VideoSource) -> dict:
             "num_frames": frames if frames > 0 else max(1, round(duration * fps)), "rotation": rotation}
 
 
-def _frame_grid(width: int, height: int, o: VideoOptions) -> tuple[int, int]:
-    """(grid_h, grid_w) of every frame: the processor's ``_compute_target_patches`` (Python ``round``)."""
-    d = o.downsample
+def _frame_grid(width: int, height: int, o: VideoOptions, target: Optional[int] = None) -> tuple[int, int]:
+    """(grid_h, grid_w) of every frame: the processor's ``_compute_target_patches`` (Python ``round``)
+    for ``target`` patches (default ``o.target_patches``)."""
+    d, target = o.downsample, o.target_patches if target is None else target
     if not o.maintain_aspect_ratio:
-        side = max(d, int(math.sqrt(o.target_patches)) // d * d)
+        side = max(d, int(math.sqrt(target)) // d * d)
         return side, side
     a = width / max(height, 1)
-    ph, pw = max(round(math.sqrt(o.target_patches / a)), 1), max(round(math.sqrt(o.target_patches * a)), 1)
+    ph, pw = max(round(math.sqrt(target / a)), 1), max(round(math.sqrt(target * a)), 1)
     rh, rw = ph % d, pw % d
     up_h, up_w = ph + (d - rh if rh else 0), pw + (d - rw if rw else 0)
-    if up_h * up_w <= o.target_patches:
+    if up_h * up_w <= target:
         return up_h, up_w
     return max(d, ph - rh), max(d, pw - rw)
 
@@ -231,12 +266,27 @@ def _choose(duration: float, fps: float, total: int, o: VideoOptions) -> tuple[t
     return frame_timestamps(duration, n), ()
 
 
-def plan_video(metadata: dict, options: VideoOptions = VideoOptions()) -> VideoPlan:
+def _nemo_rl(duration: float, total: int, o: VideoOptions, draw: Optional[tuple]) -> tuple[tuple[float, ...], float]:
+    """NeMo-RL's ``(frame times, scale)`` (``media.augment``), its draws made from ``draw``."""
+    values = scale_values(o.augment_frames_up, o.augment_resolution_up)
+    if o.augments and draw is None:
+        raise ValueError("an augmenting video plan needs its draw key")
+    scale = pick_scale(values, float(uniforms((*draw, "scale"), 1)[0])) if len(values) > 1 else 1.0
+    n, scale = nemo_rl_frame_count(duration, total, scale, min_frames=o.min_frames, max_frames=o.max_frames,
+                                   fps=o.fps, temporal_patch=o.temporal_patch,
+                                   resolution_only=o.augment_resolution_only)
+    jitter = uniforms_f32((*draw, "jitter"), n) if o.temporal_jitter else None
+    return nemo_rl_times(duration, n, jitter), scale
+
+
+def plan_video(metadata: dict, options: VideoOptions = VideoOptions(), draw: Optional[tuple] = None) -> VideoPlan:
     """Choose frames and frame size from :func:`video_metadata`'s dict (no decoding).
 
     Frames by ``options.sampling`` (module docs); grid from the aspect-preserving rule on the
     upright size. ``MediaError`` when the metadata is unusable, the video is longer than
-    ``options.max_duration`` or its frames exceed ``options.max_pixels``."""
+    ``options.max_duration`` or its frames exceed ``options.max_pixels``. ``draw``: the key of
+    this item's random draws (``media.draws``: seed, dataset, sample key, pass, item), needed when
+    ``options.augments``."""
     try:
         width, height = int(metadata["width"]), int(metadata["height"])
         duration, fps = float(metadata["duration"]), float(metadata["fps"])
@@ -250,14 +300,18 @@ def plan_video(metadata: dict, options: VideoOptions = VideoOptions()) -> VideoP
         raise MediaError(f"video too long: {duration:.1f} s > max_duration {options.max_duration:g} s",
                          code="media_too_large")
     check_pixels(width, height, options.max_pixels)
-    times, indices = _choose(duration, fps, num_source, options)
-    grid_h, grid_w = _frame_grid(width, height, options)
+    scale = 1.0
+    if options.sampling == "nemo_rl":
+        (times, scale), indices = _nemo_rl(duration, num_source, options, draw), ()
+    else:
+        times, indices = _choose(duration, fps, num_source, options)
+    grid_h, grid_w = _frame_grid(width, height, options, scaled_target(options.target_patches, scale))
     return VideoPlan(width=width, height=height, duration=duration, fps=fps, num_source_frames=num_source,
                      frame_times=times, grid_h=grid_h, grid_w=grid_w,
                      tokens_per_tubelet=grid_h * grid_w // options.downsample ** 2,
                      temporal_patch=options.temporal_patch, frame_indices=indices,
                      intro=options.sampling != "hf", rotation=rotation % 360, resize=options.resize,
-                     patch_size=options.patch_size)
+                     patch_size=options.patch_size, scale=scale, outro="\n" if options.sampling == "nemo_rl" else "")
 
 
 def video_prompt(plan: VideoPlan) -> list[tuple[str, int]]:
