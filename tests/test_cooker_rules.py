@@ -116,14 +116,18 @@ def test_bookkeeping_keys_pass_and_other_keys_follow_the_setting(source):
         build_train_loader(config(meta, cookers=RULES), repeat=False)
 
 
-def test_data_augment_is_read_and_true_is_refused_by_name(tmp_path, source):
-    """``data_augment`` is a key every cooker reads (bool); true asks for NeMo-RL's random tiling
-    augmentation, which is refused at start with the reason, never silently ignored."""
-    root, _, _ = source
+def test_data_augment_is_read_and_checked(tmp_path, source):
+    """``data_augment`` is a key every cooker reads (bool): true turns on NeMo-RL's tiling
+    augmentation for the dataset's images (``tests/test_augment_loader.py``), which needs image mode
+    ``dynamic`` (refused by name with ``tiling``); another value is refused."""
+    root, _, keys = source
     meta = blend(tmp_path / "augment.yaml", [{"path": str(root / "oai"), "repetitions": 1,
                                               "subflavors": {"cook": "openai_messages_jsonl", "data_augment": True}}])
-    with pytest.raises(ConfigError, match=r"subflavor data_augment: True .*tiling augmentation .* not implemented"):
-        build_train_loader(config(meta, cookers=RULES), repeat=False)
+    assert len(epoch_keys(config(meta, cookers=RULES))) > 0
+    tiled = config(meta, cookers=RULES)
+    tiled["task_encoder"]["options"]["image"] = {"mode": "tiling"}
+    with pytest.raises(ConfigError, match=r"subflavor data_augment .* image mode dynamic; .*image.mode is 'tiling'"):
+        list(build_train_loader(tiled, repeat=False))
     meta.write_text(meta.read_text().replace("data_augment: true", "data_augment: 'yes'"))
     with pytest.raises(ConfigError, match=r"subflavor 'data_augment' .* must be true or false, got 'yes'"):
         build_train_loader(config(meta, cookers=RULES), repeat=False)

@@ -49,7 +49,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, BufferContext
                                        leaf_readers, leaf_shuffle_over_epochs, leaf_size, leaf_worker_slices,
                                        load_yaml, names_samples, one_line_shard_failures, quiet_error_prints, quiet_progress, raw_sample_key, set_nvdataset_cache_dir,
                                        read_leaf_sample, reader_jsonl, reader_location, reader_position,
-                                       sample_index, sample_refs, savable_fields, saved_class, saved_inner,
+                                       pass_in_restore_keys, sample_index, sample_pass, sample_refs, savable_fields, saved_class, saved_inner,
                                        saved_leaf_epoch, saved_leaf_slices, saves, set_default_failure_tolerance,
                                        stage_error_context, stage_failure_tolerance, store_entry_names, entry_size, index_file,
                                        remote_entry_range,
@@ -379,6 +379,29 @@ def test_leaf_epoch_counts_passes(data):
         assert len(seen) <= N_A
     assert sorted(seen) == sorted(data.keys_a)
     assert leaf_epoch(leaf) == 1
+
+
+def test_restore_keys_name_the_pass_each_sample_was_read_in(data):
+    """With ``pass_in_restore_keys`` (the task encoder installs it), a leaf's sample names the pass it
+    was read in at the end of its restore key: 0 in the first pass, 1 in the next. A key read back
+    keeps its pass, a key saved without one reads as pass 0, and ``sample_pass`` finds it under the
+    wrappers' tokens (``sample_index`` still finds the index)."""
+    pass_in_restore_keys()
+    loader = build_train_loader(cfg(data.a), repeat=True)
+    (_, leaf), = leaves_of(loader.inner.dataset)
+    assert read_leaf_sample(leaf, 3).__restore_key__ == ("Webdataset", 3, 0)
+    batches = iter(loader)
+    for _ in range(N_A + 1):                                     # a pass, and the first sample of the next
+        next(batches)
+    assert leaf_epoch(leaf) == 1 and read_leaf_sample(leaf, 3).__restore_key__ == ("Webdataset", 3, 1)
+    again = leaf.restore_sample(("Webdataset", 3, 5))
+    assert again.__restore_key__ == ("Webdataset", 3, 5) and raw_sample_key(again) == data.keys_a[3]
+    assert leaf.restore_sample(("Webdataset", 3)).__restore_key__ == ("Webdataset", 3, 0)
+    with pytest.raises(ValueError, match="not a sample's restore key"):
+        leaf.restore_sample(("Webdataset", 3, 1, 2))
+    assert sample_pass(("MapDataset", 4, "MapDataset", 4, "Webdataset", 3, 2)) == 2
+    assert sample_pass(("MapDataset", 4, "Webdataset", 3)) == 0 and sample_pass(None) == 0
+    assert sample_index({"__restore_key__": ("MapDataset", 4, "Webdataset", 3, 2)}) == 3
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -1049,6 +1072,8 @@ EXERCISED = {
     "test_wrap_leaf_readers_counts_and_replaces": ["wrap_leaf_readers", "leaf_readers", "leaf_size"],
     "test_jsonl_reader_and_raw_samples": ["reader_jsonl", "read_leaf_sample", "raw_sample_key", "sample_index"],
     "test_leaf_epoch_counts_passes": ["leaf_epoch"],
+    "test_restore_keys_name_the_pass_each_sample_was_read_in": ["pass_in_restore_keys", "sample_pass", "leaf_epoch",
+                                                                "read_leaf_sample", "sample_index"],
     "test_filter_leaf_samples_skips_what_the_filter_empties": ["filter_leaf_samples", "empty_leaf_sample",
                                                                "read_leaf_sample"],
     "test_restore_keys_name_leaf_samples_through_blends": ["sample_refs", "names_samples", "batch_worker",

@@ -236,13 +236,13 @@ def test_nemo_rls_frames_are_decoded_at_their_times(tmp_path):
         assert shown == [int(t * 15) for t in plan.frame_times], (plan.frame_times, shown)
 
 
-def test_the_loader_refuses_the_video_augmentation_until_it_draws_per_pass():
-    """The planning rules take the augmentation, but the loader does not yet give each sample its
-    draw per pass over the data: asked for, it is refused at start, by name; ``sampling: nemo_rl``
-    alone is accepted."""
+def test_the_encoder_options_take_the_augmentation():
+    """The library's own options take the video augmentation (``sampling: nemo_rl``) and the tiling
+    probability; another sampling with the augmentation is refused by name at start."""
     from energon_nemotron.encoders.options import NemotronMultimodalOptions
 
-    # a ConfigError inside the options' validation (pydantic's ValidationError carries its line)
-    with pytest.raises(ValueError, match=r"task_encoder.options.video: the augmentation .* does not do yet"):
-        NemotronMultimodalOptions(seq_length=64, video={"sampling": "nemo_rl", "augment_frames_up": 4})
-    assert NemotronMultimodalOptions(seq_length=64, video={"sampling": "nemo_rl"}).video == {"sampling": "nemo_rl"}
+    o = NemotronMultimodalOptions(seq_length=64, video={"sampling": "nemo_rl", "augment_frames_up": 4,
+                                                        "augment_resolution_only": True}, image={"tiling_augment_prob": 0})
+    assert o.video["augment_frames_up"] == 4 and o.image["tiling_augment_prob"] == 0
+    with pytest.raises(ValueError, match=r"set sampling: nemo_rl"):
+        NemotronMultimodalOptions(seq_length=64, video={"augment_frames_up": 4})

@@ -17,6 +17,8 @@ from energon_nemotron._energon.compat import SUPPORTED, check_version
 from energon_nemotron._energon.files import (add_source_info, entry_size, filesystem_entry, index_file, indexed_sample_key, load_yaml,
                                              remote_entry_range, set_nvdataset_cache_dir, store_entry_names, store_kind, store_local_base,
                                              webdataset_entry)
+from energon_nemotron._energon.passes import install as pass_in_restore_keys
+from energon_nemotron._energon.passes import sample_pass
 from energon_nemotron._energon.packing_stage import BufferContext, CarryingPackingDataset, packing_stage
 from energon_nemotron._energon.patches import (guard_jsonl_lines, name_watchdog_timeouts, one_line_shard_failures,
                                                quiet_error_prints, quiet_progress, stop_watchdog_threads)
@@ -50,7 +52,7 @@ __all__ = ["SUPPORTED", "check_version",
            "leaf_epoch", "leaf_worker_slices", "leaf_shuffle_over_epochs", "reader_location", "reader_jsonl",
            "reader_position",
            "filter_leaf_samples", "read_leaf_sample", "empty_leaf_sample", "sample_refs", "names_samples",
-           "batch_worker", "sample_index", "raw_sample_key",
+           "batch_worker", "sample_index", "raw_sample_key", "pass_in_restore_keys", "sample_pass",
            # saved states and the savable loader's workers
            "is_loader_state", "is_worker_checkpoint", "worker_dataset_state", "empty_worker_checkpoint",
            "saved_class", "saved_inner", "saved_leaf_epoch", "saved_leaf_slices", "savable_fields", "is_wrapper",

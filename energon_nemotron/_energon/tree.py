@@ -119,9 +119,7 @@ def filter_leaf_samples(leaf: Any, get_sample: Callable[[int], Any]) -> None:
     instance, its ``_get_sample``), while samples named by restore keys (buffered when a state was
     saved) are read as they are (its ``restore_sample``)."""
     def restore(restore_key: tuple) -> Any:
-        name, index = restore_key
-        assert name == _SAMPLE_TOKEN and isinstance(index, int), restore_key
-        return read_leaf_sample(leaf, index)
+        return type(leaf).restore_sample(leaf, restore_key)     # its pass kept (``_energon.passes``)
 
     leaf._get_sample = get_sample
     leaf.restore_sample = restore
@@ -161,10 +159,15 @@ def batch_worker(restore_key: Any) -> tuple[int, Any]:
 
 
 def sample_index(sample: Any) -> Optional[int]:
-    """Energon's index of a sample in its dataset: the last entry of its restore key (a crude sample
-    dict, a ``Sample`` or Energon's raw sample data), else its first source's index."""
+    """Energon's index of a sample in its dataset: the entry after the sample token at the end of its
+    restore key (a crude sample dict, a ``Sample`` or Energon's raw sample data; a pass may follow
+    it, ``_energon.passes``), else its first source's index."""
     key = sample.get("__restore_key__") if isinstance(sample, dict) else getattr(sample, "__restore_key__", None)
-    if key and isinstance(key[-1], int):
+    key = tuple(key or ())
+    at = max((i for i, t in enumerate(key) if t == _SAMPLE_TOKEN), default=None)
+    if at is not None and at + 1 < len(key) and isinstance(key[at + 1], int):
+        return int(key[at + 1])
+    if at is None and key and isinstance(key[-1], int):
         return int(key[-1])
     sources = sample.get("__sources__") if isinstance(sample, dict) else getattr(sample, "__sources__", None)
     if sources:

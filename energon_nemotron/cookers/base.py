@@ -90,9 +90,7 @@ def apply_last_turn_only(messages: list[Message]) -> None:
 COMMON_SUBFLAVORS: dict[str, type] = {"cooker": str, "skip_chat_template": bool, "media_source": str,
                                       "aux_data_prefixes": dict, "data_augment": bool}
 #: subflavor values that are refused at start although of the right type: key -> (value, why)
-REFUSED_SUBFLAVOR_VALUES: dict[str, tuple] = {
-    "data_augment": (True, "NeMo-RL's random tiling augmentation (its tiling_augment_prob) is not implemented here: "
-                           "media plans are deterministic; set data_augment: false or drop the key")}
+REFUSED_SUBFLAVOR_VALUES: dict[str, tuple] = {}
 #: The subflavor keys each registered cooker reads (``COMMON_SUBFLAVORS`` included), by cooker name;
 #: filled by :func:`register`. The loader rejects any other key, and values of another type, at start.
 COOKER_SUBFLAVORS: dict[str, dict[str, type]] = {}

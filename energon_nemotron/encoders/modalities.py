@@ -57,7 +57,8 @@ def check_datasets(media: Any, modalities: Optional[Sequence[str]], datasets: Se
                    cookers: Sequence[Any]) -> None:
     """At dataset build time: for every crude dataset (Energon ``LoadedDataset``s) the kinds its
     cooker requires must have placeholder tokens, and be among ``modalities`` when that is set;
-    a ``ConfigError`` naming the dataset, the cooker and the missing tokens (or kind)."""
+    a ``ConfigError`` naming the dataset, the cooker and the missing tokens (or kind). A dataset
+    with ``data_augment`` needs image mode ``dynamic`` (the tiling augmentation's)."""
     from megatron.energon import CrudeSample
 
     from energon_nemotron.cookers.base import cooker_info
@@ -66,7 +67,12 @@ def check_datasets(media: Any, modalities: Optional[Sequence[str]], datasets: Se
         factory = loaded.dataset
         if getattr(factory, "__sample_type__", None) is not CrudeSample:
             continue
-        name = dataset_cooker(getattr(factory, "subflavors", None), cookers)
+        subflavors = getattr(factory, "subflavors", None) or {}
+        if subflavors.get("data_augment") and media.image_options.mode != "dynamic":
+            raise ConfigError(f"dataset {getattr(factory, 'path', factory)}: subflavor data_augment asks for NeMo-RL's "
+                              f"tiling augmentation, which perturbs the patch grid of image mode dynamic; "
+                              f"task_encoder.options.image.mode is {media.image_options.mode!r}")
+        name = dataset_cooker(subflavors, cookers)
         if name is None:
             continue
         where = f"dataset {getattr(factory, 'path', factory)} (cooker {name})"

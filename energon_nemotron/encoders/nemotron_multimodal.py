@@ -23,7 +23,8 @@ from typing import Any, Optional, Sequence, Union
 
 from megatron.energon import DefaultTaskEncoder, MapDataset, SkipSample, stateless
 
-from energon_nemotron._energon import DatasetHook, packing_stage, set_default_failure_tolerance, stage_failure_tolerance
+from energon_nemotron._energon import (DatasetHook, packing_stage, pass_in_restore_keys, sample_pass,
+                                      set_default_failure_tolerance, stage_failure_tolerance)
 from energon_nemotron.batch import PackedBatch
 from energon_nemotron.config import PackingConfig
 from energon_nemotron.cookers import build_cookers
@@ -94,6 +95,7 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
                  seed: int = 0, media_roots: Sequence[Union[str, Path]] = (),
                  runtime: Optional[Runtime] = None, cookers: Optional[Sequence[dict]] = None) -> None:
         super().__init__()
+        pass_in_restore_keys()                     # each sample's pass over the data, for its media draws
         o = self.options = options if isinstance(options, NemotronMultimodalOptions) else \
             NemotronMultimodalOptions(**options)
         self.packing, self.seed = packing, seed
@@ -229,6 +231,16 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         return cooked
 
     # -- per sample ------------------------------------------------------------------------------
+    def draw_key(self, sample: Conversation) -> tuple[tuple, bool]:
+        """The key of a sample's random media draws (``media.draws``): the loader seed, the sample's
+        key as shown (its dataset, shard and key) and its pass over the data (``_energon.sample_pass``;
+        0 in validation, so that every evaluation draws alike); and whether its images get the
+        tiling augmentation (subflavor ``data_augment``, in training only, as NeMo-RL)."""
+        validation = self.one_pass == "val"
+        passed = 0 if validation else sample_pass(getattr(sample, "__restore_key__", None))
+        tiling = bool((getattr(sample, "__subflavors__", None) or {}).get("data_augment")) and not validation
+        return (self.seed, str(sample.__key__), passed), tiling
+
     @stateless
     def preencode_sample(self, sample: Conversation) -> EncodedSample:
         """Phase 1: plan media from metadata, tokenize with placeholders, set the packing cost."""
@@ -242,7 +254,8 @@ class NemotronMultimodalTaskEncoder(DatasetHook, DefaultTaskEncoder):
         key = sample.__key__
         check_sample(key, sample.media, self.options.modalities)
         try:
-            planned = [self.media.plan(ref, i) for i, ref in enumerate(sample.media)]
+            draw, tiling = self.draw_key(sample)
+            planned = [self.media.plan(ref, i, draw, tiling) for i, ref in enumerate(sample.media)]
         except MediaError as e:
             raise DataError(key, str(e), e.code) from None
         if self.output is not None:

@@ -124,12 +124,7 @@ class NemotronMultimodalOptions(StrictModel):
     @model_validator(mode="after")
     def _media(self) -> "NemotronMultimodalOptions":
         for kind in ("image", "video", "audio"):
-            options = media_options(kind, getattr(self, kind))
-            if kind == "video" and options.augments:
-                raise ConfigError("task_encoder.options.video: the augmentation (augment_frames_up, "
-                                  "augment_resolution_up, temporal_jitter) is drawn per sample and per pass over the "
-                                  "data, which this loader does not do yet: leave them unset (sampling: nemo_rl "
-                                  "without them is NeMo-RL's own frame selection)")
+            media_options(kind, getattr(self, kind))
         return self
 
     @model_validator(mode="after")

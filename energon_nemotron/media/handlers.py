@@ -35,6 +35,7 @@ import torch
 
 from energon_nemotron.batch import MediaSpan
 from energon_nemotron.errors import ConfigError, MediaError
+from energon_nemotron.media.draws import uniforms
 from energon_nemotron.telemetry import SharedCounter
 from energon_nemotron.tokenization.reserved import PLACEHOLDER_TOKENS
 from energon_nemotron.types import MediaRef
@@ -217,13 +218,16 @@ class MediaHandlers:
         return self._ids
 
     # -- phase 1 ---------------------------------------------------------------------------------
-    def plan(self, ref: MediaRef, index: int) -> PlannedMedia:
+    def plan(self, ref: MediaRef, index: int, draw: Optional[tuple] = None, tiling: bool = False) -> PlannedMedia:
         """Plan one item from its metadata (headers are read when the cooker did not provide them);
-        a ``MediaError`` names where the item was read from (:func:`naming_origin`)."""
+        a ``MediaError`` names where the item was read from (:func:`naming_origin`). ``draw``: the
+        key of the sample's random draws (``media.draws``: seed, sample key, pass), to which the
+        item's index is added; ``tiling``: an image gets NeMo-RL's tiling augmentation (a
+        ``data_augment`` dataset in training)."""
         with naming_origin(ref):
-            return self._plan(ref, index)
+            return self._plan(ref, index, None if draw is None else (*draw, index), tiling)
 
-    def _plan(self, ref: MediaRef, index: int) -> PlannedMedia:
+    def _plan(self, ref: MediaRef, index: int, draw: Optional[tuple] = None, tiling: bool = False) -> PlannedMedia:
         ids = self.ids(ref.modality) if ref.modality in MODALITY_TOKENS else {}
         if ref.modality == "image":
             from energon_nemotron.media.image import image_header_size, plan_image
@@ -233,7 +237,8 @@ class MediaHandlers:
                 width, height = (metadata_number(md, k, "image") for k in ("width", "height"))
             else:
                 width, height = image_header_size(read_payload(ref, self.max_bytes))
-            plan = plan_image(width, height, self.image_options)
+            augment = tuple(uniforms((*draw, "tiling"), 3)) if tiling and draw is not None else None
+            plan = plan_image(width, height, self.image_options, augment)
             n = plan.num_tokens
             return PlannedMedia(index, "image", plan, [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]], n,
                                 runs=[(1, n)])
@@ -242,7 +247,7 @@ class MediaHandlers:
 
             md = given_video_metadata(ref.metadata) if {"width", "height", "duration", "fps"} <= set(ref.metadata) \
                 else video_metadata(read_payload(ref, self.max_bytes))
-            plan = plan_video(md, self.video_options)
+            plan = plan_video(md, self.video_options, draw)
             prompt = video_prompt(plan)
             pieces = self.text.encode_many([VIDEO_INTRO] + [text for text, _ in prompt] + ["\n"])
             intro, texts, newline = pieces[0], pieces[1:-1], pieces[-1]

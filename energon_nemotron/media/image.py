@@ -39,7 +39,7 @@ import math
 import numbers
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional, Union
 
 import torch
@@ -87,7 +87,7 @@ class ImageOptions:
     resize: Literal["hf", "pil"] = "hf"
     #: NeMo-RL's tiling augmentation, for the images of datasets with ``data_augment: true``
     #: (dynamic mode): the probability that a side of the grid moves by 32 patches (``media.augment``)
-    tiling_augment_prob: float = 0.4
+    tiling_augment_prob: float = field(default=0.4, metadata={"min": 0})
 
     def __post_init__(self) -> None:
         if self.mode not in ("dynamic", "tiling"):
