@@ -113,8 +113,29 @@ def test_shape_b_packing_and_options(blend):
         ("balanced_greedy_knapsack", 16, 64, 5)
     assert o["seq_length"] == 4096 and o["prompt_format"] == "nemotron6-moe"
     assert o["thinking_trace_format"] == "ultra" and o["video"]["max_frames"] == 64
+    # production's augmentation, as written: NeMo-RL's frame selection, a scale up to 4 on the resolution
+    assert {k: o["video"][k] for k in ("sampling", "augment_frames_up", "augment_resolution_up",
+                                       "augment_resolution_only", "temporal_jitter")} == \
+        {"sampling": "nemo_rl", "augment_frames_up": 4, "augment_resolution_up": None,
+         "augment_resolution_only": True, "temporal_jitter": False}
+    assert o["image"]["tiling_augment_prob"] == 0.4
     assert [c.name for c in made.loader.data.cookers][:2] == ["nemotron_conversation",
                                                             "nemotron_general_conversations_jsonl"]
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("video_aug_scale_frames_up", 0, r"task_encoder.options.video.augment_frames_up: must be > 0, got 0"),
+    ("video_max_num_frames", 63, r"sampling nemo_rl needs min_frames >= temporal_patch and max_frames a multiple"),
+])
+def test_the_augmentation_is_checked_as_nemo_rl_checks_it(blend, key, value, message):
+    """NeMo-RL's own checks of its video options (a scale of at least 1, a frame cap that is a multiple
+    of the temporal patch) hold when the encoder is built from the mapped config."""
+    from energon_nemotron.loading import build_task_encoder
+
+    cfg = shape_b(blend)
+    cfg["data"]["energon"]["task_encoder"]["options"][key] = value
+    with pytest.raises(ConfigError, match=message):
+        build_task_encoder(from_nemo_rl(cfg, tokenizer=DEMO_TOKENIZER).loader)
 
 
 # -- refusals name the key and the reason -------------------------------------------------------------
@@ -134,8 +155,6 @@ REFUSED = [
     ("data__train__path", "s3://bucket/blend.yaml", r"scheme s3:// is not read here"),
     ("data__train__path", "dss://corpus@v0/blend.yaml", r"is a dss:// path; .*nvdataset_cache_dir, which is not set"),
     ("data__energon__task_encoder__name", "generic_sft", r"task_encoder.name: 'generic_sft': this library serves"),
-    ("data__energon__task_encoder__options__video_aug_scale_frames_up", 4,
-     r"video_aug_scale_frames_up: 4: random video augmentation is not implemented"),
     ("data__energon__task_encoder__options__patch_size", 16, r"options.patch_size: not an option of NeMo-RL's"),
     ("data__energon__shufle_buffer_size", 10, r"key\(s\) of NeMo-RL's Energon data block this adapter does not "
                                               r"know: data.energon.shufle_buffer_size"),

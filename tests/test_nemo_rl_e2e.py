@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
+import yaml
 
 from pathlib import Path
 
@@ -126,3 +127,31 @@ def test_elastic_resume_across_a_dp_change(blend, tokenizer):
     # the blend reads the text leaf twice per epoch (repetitions: 2), the image leaves once
     counts = Counter(seen) + Counter(rest)
     assert rest and all(n <= (2 if k.startswith("t") else 1) for k, n in counts.items()), counts
+
+
+def test_production_augmentation_loads_as_written_and_draws_alike_twice(blend, tokenizer):
+    """Shape B as written (production's augmentation: NeMo-RL's frame selection, a scale up to 4 on
+    the resolution; tiling probability 0.4) over the blend with its ``general`` leaf marked
+    ``data_augment: true``: that leaf's image grids are tiled (some differ from the unmarked leaf's),
+    the other leaves' are not, and two runs with one seed give the same batches."""
+    from energon_nemotron.parallel.broadcast import batches_equal
+
+    meta = yaml.safe_load((blend / "blend.yaml").read_text())
+    for leaf in meta["splits"]["train"]["blend_epochized"]:
+        if leaf["subflavors"].get("name") == "general":
+            leaf["subflavors"]["data_augment"] = True
+    (blend / "blend_augment.yaml").write_text(yaml.safe_dump(meta))
+
+    def image_grids(path: Path) -> tuple[dict, list]:
+        cfg = shape_b(blend)
+        cfg["data"]["train"]["path"] = str(path)
+        batches = list(build_train_loader(from_nemo_rl(cfg, tokenizer=tokenizer).loader, repeat=False))
+        return {s.sample_key: s.grid for b in batches for row in b.media_spans for s in row if s.kind == "image"}, batches
+
+    plain, _ = image_grids(blend / "blend.yaml")
+    tiled, batches = image_grids(blend / "blend_augment.yaml")
+    assert set(plain) == set(tiled)
+    changed = {k for k in plain if plain[k] != tiled[k]}
+    assert changed and all(".tar:g" in k for k in changed), changed            # the general leaf only
+    _, again = image_grids(blend / "blend_augment.yaml")
+    assert len(again) == len(batches) and all(batches_equal(a, b) for a, b in zip(batches, again))

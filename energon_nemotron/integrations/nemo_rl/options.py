@@ -2,10 +2,10 @@
 library's ``task_encoder.options``, key by key.
 
 Each NeMo-RL option either maps to a library option (``patch_dim`` → the image and video
-``patch_size``, ``video_max_num_frames`` → ``video.max_frames``, the audio durations → ``audio.*``,
-the prompt format and its thinking-trace settings as named) or is refused by name with the reason:
-the random augmentations (frame-count and resolution scaling, temporal jitter, tiling) are not
-implemented here, and an option that would change the data silently cannot be accepted as a no-op.
+``patch_size``, ``video_max_num_frames`` → ``video.max_frames``, the augmentation →
+``video.augment_*`` / ``video.temporal_jitter`` / ``image.tiling_augment_prob``, the audio
+durations → ``audio.*``, the prompt format and its thinking-trace settings as named) or is refused
+by name with the reason. Videos take NeMo-RL's own frame selection (``video.sampling: nemo_rl``).
 Performance-only settings (``video_decode_thread_count``) are accepted and reported as not applied.
 """
 
@@ -29,9 +29,9 @@ NEMO_RL_OPTION_DEFAULTS = {
     "video_decode_thread_count": 8, "audio_subsampling_factor": None, "audio_num_mel_bins": 128,
     "audio_clip_duration_seconds": 30.0, "min_audio_duration_seconds": 0.1, "max_audio_duration_seconds": 1800.0,
 }
-#: augmentation options and the value at which each does nothing
-_IDENTITY = {"video_frame_temporal_jitter": (False,), "video_aug_scale_frames_up": (None, 1),
-             "video_aug_scale_resolution_up": (None, 1)}
+#: NeMo-RL's augmentation options and the library's (``video.*``, ``media.augment``)
+_AUGMENT = {"video_aug_scale_frames_up": "augment_frames_up", "video_aug_scale_resolution_up": "augment_resolution_up",
+            "video_aug_scale_resolution_only": "augment_resolution_only", "video_frame_temporal_jitter": "temporal_jitter"}
 #: NeMo-RL caps video duration at this many seconds unless allow_large_videos
 NEMO_RL_MAX_VIDEO_SECONDS = 600.0
 #: what the library uses for "no cap" (its option must be a finite number)
@@ -90,16 +90,8 @@ def encoder_options(walk: Walk, seq_length: int) -> dict[str, Any]:
     def opt(name: str, target: str) -> Any:
         return walk.use(f"{p}.{name}", target, NEMO_RL_OPTION_DEFAULTS[name])
 
-    for name, identity in _IDENTITY.items():
-        if given.get(name, NEMO_RL_OPTION_DEFAULTS[name]) not in identity:
-            walk.refuse(f"{p}.{name}", f"{given[name]!r}: random video augmentation is not implemented in this "
-                                       "library; set it to null (false for the jitter) to train on the data as it is")
-        opt(name, "no augmentation (checked)")
-    if given.get("video_aug_scale_resolution_only"):
-        opt("video_aug_scale_resolution_only", "a no-op without video_aug_scale_frames_up (checked)")
-    else:
-        opt("video_aug_scale_resolution_only", "false")
-    opt("tiling_augment_prob", "not applied: the tiling augmentation of data_augment datasets is not implemented")
+    augment = {ours: opt(name, f"video.{ours}") for name, ours in _AUGMENT.items()}
+    tiling = opt("tiling_augment_prob", "image.tiling_augment_prob (datasets with data_augment, in training)")
     opt("video_decode_thread_count", "accepted, not applied: decode threads change speed, never the data")
     if given.get("packing_sequence_length") not in (None, seq_length):
         walk.refuse(f"{p}.packing_sequence_length", f"{given['packing_sequence_length']} differs from the sequence "
@@ -119,10 +111,11 @@ def encoder_options(walk: Walk, seq_length: int) -> dict[str, Any]:
     video = {"patch_size": patch, "temporal_patch": opt("temporal_patch_size", "video.temporal_patch"),
              "min_frames": opt("video_min_num_frames", "video.min_frames"),
              "max_frames": opt("video_max_num_frames", "video.max_frames"),
-             "fps": float(opt("video_default_fps", "video.fps")),
+             "fps": float(opt("video_default_fps", "video.fps")), "sampling": "nemo_rl", **augment,
              "max_duration": NO_VIDEO_CAP if large else NEMO_RL_MAX_VIDEO_SECONDS}
     out: dict[str, Any] = {"prompt_format": opt("prompt_format", "task_encoder.options.prompt_format"),
-                           "image": {"patch_size": patch}, "video": video, "audio": audio}
+                           "image": {"patch_size": patch, "tiling_augment_prob": float(tiling)}, "video": video,
+                           "audio": audio}
     out.update(_thinking_options(walk, given, out["prompt_format"]))
     env_patch = walk.get("policy.megatron_cfg.env_vars.NRL_MEDIA_PATCH_DIM", None)
     if env_patch is not None and str(env_patch) != str(patch):
