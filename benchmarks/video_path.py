@@ -19,6 +19,12 @@ several sizes and lengths; ``--quick`` uses smaller, shorter ones. Rounds altern
 first; each side's time is the median over rounds of the round's total. ``ratio`` = ours / floor
 seconds (goal <= 1.25, lower is better); also per-video medians in ms and ``max_abs_diff`` of the
 two outputs (the same frames must come out).
+
+The cost of NeMo-RL's augmentation, in the same run: the ``nemo_rl`` sampling without it and with
+production's (a scale drawn from 1 … 4 applied to the resolution only, ``augment_frames_up: 4,
+augment_resolution_only: true``) plus the temporal jitter, each round drawing anew (the draw key
+names the round as its pass). ``augment_fps`` / ``plain_fps``: frames decoded and patchified per
+second (frames planned ÷ seconds); ``augment_ratio`` = augmented ÷ plain frames per second.
 """
 
 from __future__ import annotations
@@ -146,10 +152,38 @@ def main(argv=None) -> int:
         key = f"{container}_{w}x{h}_{seconds:g}s"
         result[f"ours_ms_{key}"], result[f"floor_ms_{key}"] = round(o, 2), round(f, 2)
         result[f"frames_{key}"] = plan.num_frames
+    result.update(augmentation_cost(videos, rounds, plan_video, video_metadata, process_video, VideoOptions))
     result.update({"max_abs_diff": max_diff, "videos": len(videos), "rounds": rounds,
                    "quick": bool(args.quick)})
     C.emit(result)
     return 0
+
+
+def augmentation_cost(videos, rounds: int, plan_video, video_metadata, process_video, VideoOptions) -> dict:
+    """Frames per second of the ``nemo_rl`` path without and with production's augmentation (see the
+    module docs), rounds alternating which runs first."""
+    import time
+
+    sides = {"plain": VideoOptions(sampling="nemo_rl", resize="pil"),
+             "augment": VideoOptions(sampling="nemo_rl", resize="pil", augment_frames_up=4,
+                                     augment_resolution_only=True, temporal_jitter=True)}
+    frames = {side: 0 for side in sides}
+    seconds = {side: [] for side in sides}
+    for r in range(rounds + 1):                              # round 0: warm-up
+        for side in (("plain", "augment") if r % 2 == 0 else ("augment", "plain")):
+            t, n = time.perf_counter(), 0
+            for i, (_, data) in enumerate(videos):
+                plan = plan_video(video_metadata(data), sides[side], (1, f"video{i}", r, 0))
+                process_video(data, plan, sides[side])
+                n += plan.num_frames
+            if r:
+                seconds[side].append(time.perf_counter() - t)
+                frames[side] += n
+    fps = {side: frames[side] / sum(seconds[side]) for side in sides}
+    print(f"nemo_rl sampling: {fps['plain']:.1f} frames/s plain, {fps['augment']:.1f} with production's "
+          f"augmentation and the jitter ({fps['augment'] / fps['plain']:.2f}x)")
+    return {"plain_fps": round(fps["plain"], 2), "augment_fps": round(fps["augment"], 2),
+            "augment_ratio": round(fps["augment"] / fps["plain"], 4)}
 
 
 if __name__ == "__main__":

@@ -169,3 +169,59 @@ def test_validation_draws_as_the_first_pass_every_time_and_never_tiles(mix):
     plain = per_sample(build_train_loader(config(mix, 0, augment=False), repeat=False))
     assert grids(evaluation, "image") == grids(plain, "image")
     assert per_sample(build_val_loader(cfg)) == evaluation
+
+
+def test_preview_shows_each_items_draw(mix, tmp_path):
+    """``preview`` names, per video, the drawn scale and the jitter, and per image of a
+    ``data_augment`` leaf what the tiling did to its grid (JSON and text)."""
+    import io
+
+    from energon_nemotron.inspection.preview import run_preview
+
+    path = tmp_path / "loader.yaml"
+    path.write_text(yaml.safe_dump(config(mix, 0)))
+    out = io.StringIO()
+    assert run_preview(str(path), batches=None, as_json=True, out=out) == 0
+    media = [m for line in out.getvalue().splitlines() if line.startswith("{")
+             for m in json.loads(line).get("media", [])]
+    notes = {m["kind"]: set() for m in media}
+    for m in media:
+        notes[m["kind"]].add(m.get("augment"))
+    assert all(n and n.startswith("scale ") and n.endswith(", jitter") for n in notes["video"]), notes
+    assert all(n == "tiling: grid unchanged" or n.startswith("tiling ") for n in notes["image"]), notes
+    assert any(n != "tiling: grid unchanged" for n in notes["image"]) and notes["audio"] == {None}
+    text = io.StringIO()
+    assert run_preview(str(path), batches=2, color="never", out=text) == 0
+    assert "augment scale " in text.getvalue() or "augment tiling" in text.getvalue()
+
+
+def test_the_drawn_plans_price_the_packs_and_survive_reread_media(mix, monkeypatch):
+    """The draws enter phase 1's plan: every batch's cost is what the pre-packer planned for its
+    samples from their headers; with ``packing.max_buffer_bytes`` small enough that media bytes are
+    dropped from the buffer and read again for their pack, every sample is planned as without it."""
+    from energon_nemotron.encoders import pre_pack
+    from energon_nemotron.loading.stats import batch_cost
+    from test_balance import loader_packing
+
+    planned = {}
+    original = pre_pack.sample_extra
+
+    def spy(model, sample):
+        planned[sample.__key__] = original(model, sample)
+        return planned[sample.__key__]
+
+    monkeypatch.setattr(pre_pack, "sample_extra", spy)
+    cfg = config(mix, 0)
+    model = pre_pack.cost_model(loader_packing(cfg))
+    batches = list(build_train_loader(cfg, repeat=False))
+    for batch in batches:
+        keys = [k for row in batch.sample_keys for k in row]
+        assert batch_cost(batch, model) == pytest.approx(batch.batch_size * batch.seq_length +
+                                                         sum(planned[k] for k in keys), rel=1e-9)
+    small = config(mix, 0)
+    small["packing"]["max_buffer_bytes"] = 0              # no media bytes held: each read again for its pack
+    loader = build_train_loader(small, repeat=False)
+    again = list(loader)
+    assert per_sample(again) == per_sample(batches)
+    assert len(again) == len(batches) and all(batches_equal(a, b) for a, b in zip(again, batches))
+    assert loader.telemetry()["buffer_bytes"]["reread"] > 0

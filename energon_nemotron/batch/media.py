@@ -30,7 +30,7 @@ class MediaSpan:
       order (one per image, tile set or video tubelet; one per audio); the lengths sum to ``num_tokens``.
     - ``grid``: ``(grid_h, grid_w)`` patch grid of each unit (image, tile or frame; visual kinds);
       ``tiles``: units of a tiled image (only when more than one); ``frames``: a video's frames;
-      ``clips``: an audio's clips.
+      ``clips``: an audio's clips; ``augment``: what NeMo-RL's augmentation drew for it (or None).
 
     Lists given for ``runs`` and ``grid`` are stored as tuples (of ints: ``TypeError`` otherwise).
     """
@@ -45,6 +45,9 @@ class MediaSpan:
     tiles: Optional[int] = None
     frames: Optional[int] = None
     clips: Optional[int] = None
+    #: what NeMo-RL's augmentation drew for the item (``scale 2, jitter``; ``tiling 24x30 -> 24x62``),
+    #: for people: the preview shows it; None: not augmented
+    augment: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.kind not in MEDIA_KINDS:
@@ -62,11 +65,12 @@ class MediaSpan:
     def as_dict(self) -> dict[str, Any]:
         """The span as the plain dict the preview prints (its JSON ``media`` entries, the text
         view): ``kind``, ``num_tokens``, ``placeholder_len``, ``runs`` (lists), then ``grid`` and
-        ``tiles`` (image), ``frames`` and ``grid`` (video) or ``clips`` (audio) where set, then
-        ``sample_key`` and ``token_start``."""
+        ``tiles`` (image), ``frames`` and ``grid`` (video) or ``clips`` (audio) and ``augment`` where
+        set, then ``sample_key`` and ``token_start``."""
         out: dict[str, Any] = {"kind": self.kind, "num_tokens": self.num_tokens,
                                "placeholder_len": self.placeholder_len, "runs": [list(r) for r in self.runs]}
-        order = ("frames", "grid", "tiles", "clips") if self.kind == "video" else ("grid", "tiles", "frames", "clips")
+        order = ("frames", "grid", "tiles", "clips", "augment") if self.kind == "video" else \
+            ("grid", "tiles", "frames", "clips", "augment")
         for name in order:
             value = getattr(self, name)
             if value is not None:

@@ -55,7 +55,8 @@ class PlannedMedia:
     ``token_start`` (position of the placeholder's first id inside its source) and ``source`` are
     filled in by tokenization. ``runs``: ``(offset, length)`` inside ``placeholder`` of each run of
     ids the model replaces with embeddings (``<image>`` per image, tile set or tubelet;
-    ``<so_embedding>`` per audio), in order.
+    ``<so_embedding>`` per audio), in order. ``augment``: what the augmentation drew for the item,
+    for people (``media.augment``; None: not augmented).
     """
 
     index: int
@@ -66,6 +67,7 @@ class PlannedMedia:
     source: int = 0
     token_start: int = 0
     runs: list = field(default_factory=list)
+    augment: Optional[str] = None
 
     def describe(self, sample_key: str, token_start: int) -> MediaSpan:
         """The item's span once placed: ``sample_key`` (its source's key), ``token_start`` (row
@@ -73,7 +75,8 @@ class PlannedMedia:
         embedding runs (offsets from ``token_start``), and grid / tiles / frames / clips."""
         p = self.plan
         common = {"kind": self.modality, "sample_key": sample_key, "token_start": int(token_start),
-                  "num_tokens": self.num_tokens, "placeholder_len": len(self.placeholder), "runs": self.runs}
+                  "num_tokens": self.num_tokens, "placeholder_len": len(self.placeholder), "runs": self.runs,
+                  "augment": self.augment}
         if self.modality == "image":
             return MediaSpan(**common, grid=(p.grid_h, p.grid_w), tiles=p.num_units if p.num_units > 1 else None)
         if self.modality == "video":
@@ -241,7 +244,7 @@ class MediaHandlers:
             plan = plan_image(width, height, self.image_options, augment)
             n = plan.num_tokens
             return PlannedMedia(index, "image", plan, [ids["<img>"]] + [ids["<image>"]] * n + [ids["</img>"]], n,
-                                runs=[(1, n)])
+                                runs=[(1, n)], augment=None if augment is None else self._tiling_note(width, height, plan))
         if ref.modality == "video":
             from energon_nemotron.media.video import plan_video, video_metadata, video_prompt
 
@@ -260,7 +263,10 @@ class MediaHandlers:
                 tokens += [ids["<image>"]] * n + [ids["</img>"]]
             if plan.outro:
                 tokens += newline
-            return PlannedMedia(index, "video", plan, tokens, plan.num_tokens, runs=runs)
+            note = None
+            if self.video_options.augments:
+                note = f"scale {plan.scale:g}" + (", jitter" if self.video_options.temporal_jitter else "")
+            return PlannedMedia(index, "video", plan, tokens, plan.num_tokens, runs=runs, augment=note)
         if ref.modality == "audio":
             from energon_nemotron.media.audio import audio_metadata, plan_audio
 
@@ -270,6 +276,15 @@ class MediaHandlers:
             return PlannedMedia(index, "audio", plan,
                                 [ids["<so_start>"]] + [ids["<so_embedding>"]] * n + [ids["<so_end>"]], n, runs=[(1, n)])
         raise MediaError(f"unknown modality {ref.modality!r}")
+
+    def _tiling_note(self, width: int, height: int, plan: Any) -> str:
+        """What the tiling augmentation did to an image's grid: ``tiling 24x30 -> 24x62`` (or unchanged)."""
+        from energon_nemotron.media.image import plan_image
+
+        base = plan_image(width, height, self.image_options)
+        if (base.grid_h, base.grid_w) == (plan.grid_h, plan.grid_w):
+            return "tiling: grid unchanged"
+        return f"tiling {base.grid_h}x{base.grid_w} -> {plan.grid_h}x{plan.grid_w}"
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def process(self, ref: MediaRef, planned: PlannedMedia) -> dict[str, Any]:
