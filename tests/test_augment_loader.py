@@ -225,3 +225,23 @@ def test_the_drawn_plans_price_the_packs_and_survive_reread_media(mix, monkeypat
     assert per_sample(again) == per_sample(batches)
     assert len(again) == len(batches) and all(batches_equal(a, b) for a, b in zip(again, batches))
     assert loader.telemetry()["buffer_bytes"]["reread"] > 0
+
+
+def test_an_elastic_resume_keeps_every_samples_draw(mix):
+    """Two ranks (2 workers each) save after 2 batches; one rank with 1 worker reads the rest of the
+    epoch: what the ranks had read and what it reads are every sample once, each planned as in an
+    uninterrupted epoch on one rank."""
+    from energon_nemotron.resume import merge_rank_states
+
+    read, states = {}, []
+    for rank in range(2):
+        loader = build_train_loader(config(mix, 2), repeat=False, dp_rank=rank, dp_size=2)
+        it = iter(loader)
+        read.update(per_sample([next(it), next(it)]))
+        states.append(loader.state_dict())
+        list(it)                                         # read to its end: its workers exit now
+    one = build_train_loader(config(mix, 1), repeat=False)
+    one.load_state_dict(merge_rank_states(states), elastic=True)
+    rest = per_sample(one)
+    assert not set(rest) & set(read) and {**read, **rest} == per_sample(build_train_loader(config(mix, 0),
+                                                                                           repeat=False))
