@@ -88,17 +88,26 @@ def test_the_draws_are_the_samples_own_for_any_workers_and_ranks(mix):
     assert videos and any(one[k] != plain[k] for k in videos)          # scaled or jittered
 
 
+def saved_after(cfg: dict, repeat: bool, n: int):
+    """``(the loader's iterator after n batches, its state then, through JSON)``."""
+    loader = build_train_loader(cfg, repeat=repeat)
+    it = iter(loader)
+    for _ in range(n):
+        next(it)
+    return it, json.loads(json.dumps(loader.state_dict()))
+
+
+def restored(cfg: dict, repeat: bool, state: dict):
+    again = build_train_loader(cfg, repeat=repeat)
+    again.load_state_dict(state)
+    return again
+
+
 def test_a_resume_in_the_middle_of_an_epoch_draws_what_the_first_run_drew(mix):
     cfg = config(mix, 2)
-    loader = build_train_loader(cfg, repeat=False)
-    it = iter(loader)
-    for _ in range(2):
-        next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
+    it, state = saved_after(cfg, False, 2)
     rest = list(it)
-    again = build_train_loader(cfg, repeat=False)
-    again.load_state_dict(state)
-    resumed = list(again)
+    resumed = list(restored(cfg, False, state))
     assert len(resumed) == len(rest) > 0 and all(batches_equal(a, b) for a, b in zip(rest, resumed))
 
 
@@ -107,16 +116,10 @@ def test_a_resume_across_passes_restores_each_buffered_samples_own_pass(mix):
     past its third pass): the restored samples keep the pass their restore keys name, so the next
     batches are those of the uninterrupted run, bit for bit."""
     cfg = config(mix, 0)
-    loader = build_train_loader(cfg, repeat=True)
-    it = iter(loader)
-    for _ in range(12):
-        next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
+    it, state = saved_after(cfg, True, 12)
     assert '"Webdataset", ' in json.dumps(state) and any(p >= 2 for p in passes_in(state)), passes_in(state)
     rest = [next(it) for _ in range(8)]
-    again = build_train_loader(cfg, repeat=True)
-    again.load_state_dict(state)
-    resumed = [b for _, b in zip(range(8), again)]
+    resumed = [b for _, b in zip(range(8), restored(cfg, True, state))]
     assert all(batches_equal(a, b) for a, b in zip(rest, resumed))
 
 
@@ -201,16 +204,9 @@ def test_the_drawn_plans_price_the_packs_and_survive_reread_media(mix, monkeypat
     dropped from the buffer and read again for their pack, every sample is planned as without it."""
     from energon_nemotron.encoders import pre_pack
     from energon_nemotron.loading.stats import batch_cost
-    from test_balance import loader_packing
+    from test_balance import loader_packing, planned_extras
 
-    planned = {}
-    original = pre_pack.sample_extra
-
-    def spy(model, sample):
-        planned[sample.__key__] = original(model, sample)
-        return planned[sample.__key__]
-
-    monkeypatch.setattr(pre_pack, "sample_extra", spy)
+    planned = planned_extras(monkeypatch)
     cfg = config(mix, 0)
     model = pre_pack.cost_model(loader_packing(cfg))
     batches = list(build_train_loader(cfg, repeat=False))

@@ -246,14 +246,7 @@ def test_step_cost_telemetry_counts_what_the_pre_packer_planned(tmp_path, monkey
     from energon_nemotron.loading.stats import batch_cost
 
     multimodal_dataset(tmp_path / "mm", n=15, per_shard=5)
-    planned = {}
-    original = pre_pack.sample_extra
-
-    def spy(model, sample):
-        planned[sample.__key__] = original(model, sample)
-        return planned[sample.__key__]
-
-    monkeypatch.setattr(pre_pack, "sample_extra", spy)
+    planned = planned_extras(monkeypatch)
     config = text_config(tmp_path / "mm", workers=0, packing={"algorithm": "minimum_bin_slack", "buffer_size": 6},
                          seq_length=4096)
     config["task_encoder"]["options"].update({"image": {"min_patches": 64, "max_patches": 256},
@@ -271,6 +264,22 @@ def test_step_cost_telemetry_counts_what_the_pre_packer_planned(tmp_path, monkey
     stats = loader.telemetry()["step_cost"]
     assert stats["mean"] == pytest.approx(sum(costs) / len(costs), abs=0.1)
     assert stats["max_over_mean"] == pytest.approx(max(costs) / (sum(costs) / len(costs)), abs=1e-4)
+
+
+def planned_extras(monkeypatch) -> dict:
+    """key -> the extra cost the pre-packer plans for the sample (``pre_pack.sample_extra``), filled
+    as the loader (in this process) plans."""
+    from energon_nemotron.encoders import pre_pack
+
+    planned = {}
+    original = pre_pack.sample_extra
+
+    def spy(model, sample):
+        planned[sample.__key__] = original(model, sample)
+        return planned[sample.__key__]
+
+    monkeypatch.setattr(pre_pack, "sample_extra", spy)
+    return planned
 
 
 def loader_packing(config) -> PackingConfig:

@@ -34,6 +34,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Optional
 
+from energon_nemotron.guards.orphans import process_alive
+
 __all__ = ["HANDOFF_BYTES", "HANDOFF_ENTRY_BYTES", "EntryCache", "remote_entry_bytes", "FOLDER_PREFIX"]
 
 #: the bytes the handoff holds at most, per process
@@ -158,15 +160,7 @@ def _remove_dead_folders(parent: Path) -> None:
     prefix = f"{FOLDER_PREFIX}-{_host()}-"
     for folder in parent.glob(f"{prefix}*"):
         pid = folder.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

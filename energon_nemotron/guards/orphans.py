@@ -49,3 +49,15 @@ def install() -> bool:
         os.register_at_fork(before=_before_fork, after_in_child=_in_child)
         _state["installed"] = True
     return True
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still exists (one that is not ours to signal counts as
+    alive): how a lock or folder left by a killed process is told from a live one's."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

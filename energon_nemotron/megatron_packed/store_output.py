@@ -34,6 +34,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from energon_nemotron._energon.storage import RemotePath, as_data_path, is_url, object_size
 from energon_nemotron.errors import ConfigError
+from energon_nemotron.guards.orphans import process_alive
 from energon_nemotron.megatron_packed import manifest as mf
 from energon_nemotron.megatron_packed.encoder import MegatronSFTPackedEncoder
 
@@ -47,16 +48,6 @@ def staging_folder(output: str, staging: Optional[Path] = None) -> Path:
         return Path(staging)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "energon-nemotron" / "pack-megatron" / hashlib.sha256(output.encode()).hexdigest()[:16]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _holder(text: str) -> tuple[Optional[int], Optional[str]]:
@@ -86,7 +77,7 @@ def store_lock(output: RemotePath) -> Iterator[RemotePath]:
             taken = lock.create_exclusive(mine)
         else:
             pid, host = _holder(said)
-            if host == socket.gethostname() and pid is not None and not _alive(pid):
+            if host == socket.gethostname() and pid is not None and not process_alive(pid):
                 taken = lock.replace_if(mine, etag)  # a killed run's lock; of two runs taking it, one wins
         if not taken:
             holder = said.splitlines()[0] if said else "another run"
