@@ -17,11 +17,10 @@ from typing import Any
 
 from megatron.energon.flavors.webdataset.sample_loader import RawSampleData, WebdatasetSampleLoaderDataset
 
-__all__ = ["install", "sample_pass", "installed"]
+__all__ = ["install", "sample_pass"]
 
 _SAMPLE_TOKEN = "Webdataset"
 _ORIGINAL_GET = WebdatasetSampleLoaderDataset._get_sample
-_ORIGINAL_RESTORE = WebdatasetSampleLoaderDataset.restore_sample
 
 
 def _with_pass(raw: RawSampleData, index: int, pass_: int) -> RawSampleData:
@@ -52,10 +51,6 @@ def install() -> None:
     before the loader's workers start)."""
     WebdatasetSampleLoaderDataset._get_sample = _get_sample
     WebdatasetSampleLoaderDataset.restore_sample = _restore_sample
-
-
-def installed() -> bool:
-    return WebdatasetSampleLoaderDataset._get_sample is _get_sample
 
 
 def sample_pass(restore_key: Any) -> int:
