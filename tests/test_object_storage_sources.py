@@ -113,14 +113,17 @@ def test_with_the_cache_pool_the_next_epochs_read_aux_entries_from_local_disk(au
     """With ``loader.cache_pool`` set, the entries of a prepared aux source on the store are fetched
     in the first epoch and kept in the loader's own folder under the pool's folder: the second
     epoch fetches none (0 workers: counted) and gives the local second epoch's batches; the folder
-    goes with the loader."""
-    import gc
-
+    goes with its cache (removed by its maker; at its process's exit:
+    ``test_the_entry_cache_keeps_its_bound_and_its_folder``)."""
     from test_media_sources import config as media_config
 
     from energon_nemotron._energon import storage
     from energon_nemotron.cookers.remote_entries import FOLDER_PREFIX
+    from energon_nemotron.loading import loader as loader_module
 
+    caches = []
+    make = loader_module._entry_cache
+    monkeypatch.setattr(loader_module, "_entry_cache", lambda s: caches.append(make(s)) or caches[-1])
     reads = []
     real = storage.RemotePath.read_range
     monkeypatch.setattr(storage.RemotePath, "read_range",
@@ -139,9 +142,10 @@ def test_with_the_cache_pool_the_next_epochs_read_aux_entries_from_local_disk(au
             assert len(folders) == 1 and len([p for p in folders[0].rglob("*") if p.is_file()]) == 4
             if workers == 0:
                 assert fetched == 4 and len([u for u in reads if "/aux/shards/parts/" in u]) == 4, reads
-        del loader, first
-        gc.collect()
-    assert not list(pool.glob(f"{FOLDER_PREFIX}-*"))             # removed with its loader
+    assert len(caches) == 2
+    for cache in caches:
+        cache.remove()
+    assert not list(pool.glob(f"{FOLDER_PREFIX}-*"))
     for epoch in (0, 1):
         here, there = epochs["local"][epoch], epochs["store"][epoch]
         assert len(here) == len(there) > 0 and all(batches_equal(a, b) for a, b in zip(here, there))
@@ -180,6 +184,12 @@ def test_the_entry_cache_keeps_its_bound_and_its_folder(tmp_path):
     cache.remove()
     other.remove()
     assert not list(tmp_path.iterdir())
+    # a process that exits removes the folder of the cache it made (no explicit remove)
+    script = ("import sys; from pathlib import Path; from energon_nemotron.cookers.remote_entries import EntryCache; "
+              "c = EntryCache(Path(sys.argv[1]), 100, 1); assert c.put('msc://p/s.tar', 0, 3, b'abc'); "
+              "print(c.folder)")
+    made = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert made.stdout.strip().startswith(str(tmp_path)) and not list(tmp_path.iterdir())
 
 
 # -- the Megatron-LM prepacked source on the store -----------------------------------------------------
