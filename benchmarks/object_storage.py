@@ -44,16 +44,9 @@ import text_path as T  # noqa: E402
 
 sys.path.insert(0, str(C.BENCH_DIR.parent / "tests"))
 import object_store as S  # noqa: E402
+from conftest import free_port  # noqa: E402  (a port on 127.0.0.1 nothing listens on)
 
 GOAL = 0.8
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def epoch(loader) -> dict:
