@@ -19,13 +19,20 @@ given up), then the balanced setting (``packing.balance.cost_cap: 1.0``, ``packi
 8``), then ``cost_cap: 1.2`` (less fill given up). The last line is one JSON object with
 ``straggler_ratio_dp{8,64,1024}`` (balanced) and the same keys with ``_unbalanced`` (today),
 ``_default`` and ``_cap_1.2``.
-Goals: ≤ 1.05 at DP 64, ≤ 1.08 at DP 1024. ``--quick``: fewer steps (under five minutes here).
+Goals: ≤ 1.05 at DP 64, ≤ 1.08 at DP 1024. ``--quick``: fewer steps, and a warm-up of about one
+buffer a worker for the capped settings too (their caps then come from fewer buffers). The configs
+and DP sizes are independent runs (each seeded by its DP size), spread over ``--processes`` (2)
+processes: the figures are those of a serial run.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Optional
 
 import _common as C
 import numpy as np
@@ -37,6 +44,7 @@ SEQ = 16384
 GOALS = {64: 1.05, 1024: 1.08}
 FILL_SAMPLES = 20000       # the token fill of a config: one worker's stream of this many samples
 WARMUP = 200          # steps before the measured ones: the running cost sums settle
+QUICK_WARMUP = 20     # --quick: every worker packs about one buffer before the measured steps
 
 
 def configs() -> dict[str, PackingConfig]:
@@ -51,32 +59,59 @@ def configs() -> dict[str, PackingConfig]:
 
 
 def run(packing: PackingConfig, dp: int, steps: int, seed: int, warmup: int = WARMUP) -> dict:
-    """Straggler ratio, fill, modelled throughput and p99 cost of ``dp`` ranks over ``steps`` steps
-    (after ``warmup``: with a cost cap, the running cost sums settle first; without, 20)."""
+    """Straggler ratio and step costs of ``dp`` ranks over ``steps`` steps (after ``warmup``: with a
+    cost cap, the running cost sums settle first; without, 20). The token fill is :func:`fill`."""
     rng = np.random.default_rng(seed)
     capped = packing.balance is not None and packing.balance.cost_cap is not None
-    warm = warmup if capped else 20
+    warm = warmup if capped else min(warmup, 20)
     cost = np.stack([rank_steps(packing, SEQ, steps, rng, num_workers=2, warmup=warm) for _ in range(dp)], 1)
-    ratio = float(np.mean(cost.max(1) / cost.mean(1)))                 # cost: [steps, dp]
-    fill = fill_of(packing, SEQ, omni_mix(FILL_SAMPLES, np.random.default_rng(0), SEQ))
-    # tokens per step: dp packs at the fill of all buffers; time per step: the slowest rank (mean x ratio)
-    return {"ratio": ratio, "fill": fill, "throughput": fill / (ratio * float(cost.mean()) / SEQ),
-            "p99_over_mean": float(np.quantile(cost, 0.99) / cost.mean())}
+    return {"ratio": float(np.mean(cost.max(1) / cost.mean(1))),         # cost: [steps, dp]
+            "mean_cost": float(cost.mean()), "p99_over_mean": float(np.quantile(cost, 0.99) / cost.mean())}
+
+
+def fill(packing: PackingConfig) -> float:
+    """Token fill of ``packing``: one worker's stream of ``FILL_SAMPLES`` samples of the mix."""
+    return fill_of(packing, SEQ, omni_mix(FILL_SAMPLES, np.random.default_rng(0), SEQ))
+
+
+def _job(label: str, dp: Optional[int], steps: int, warmup: int) -> tuple[str, Optional[int], Any]:
+    """One independent piece of the benchmark, in a pool process: a config's ratio at ``dp`` (its
+    generator seeded by ``dp`` alone, so the pool changes no figure), or its fill (``dp`` None)."""
+    C.limit_threads()
+    packing = configs()[label]
+    return label, dp, (fill(packing) if dp is None else run(packing, dp, steps, seed=dp, warmup=warmup))
+
+
+def measure(steps: dict[int, int], warmup: int, processes: int) -> dict[tuple[str, Optional[int]], Any]:
+    """Every config's fill and its ratio at each DP size, the dearest jobs first, on ``processes``
+    processes (the jobs are independent: the figures are those of a serial run)."""
+    jobs = [(label, dp, n, warmup) for dp, n in sorted(steps.items(), reverse=True) for label in configs()]
+    jobs += [(label, None, 0, warmup) for label in configs()]
+    if processes <= 1:
+        return {(label, dp): r for label, dp, r in (_job(*j) for j in jobs)}
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return {(label, dp): r for label, dp, r in pool.map(_job, *zip(*jobs))}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps")
+    ap.add_argument("--quick", action="store_true", help="fewer steps, a shorter warm-up")
+    ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1),
+                    help="processes to run the independent configs and DP sizes on (default: 2, or the cores)")
     args = ap.parse_args(argv)
     C.limit_threads()
     steps = {8: 100, 64: 100, 1024: 30} if args.quick else {8: 1000, 64: 400, 1024: 100}
+    warmup = QUICK_WARMUP if args.quick else WARMUP
     out: dict = {"name": "dp_balance"}
-    rows = []
     started = time.perf_counter()
-    for label, packing in configs().items():
+    print(f"{len(configs()) * (len(steps) + 1)} runs on {args.processes} processes ...", flush=True)
+    results = measure(steps, warmup, args.processes)
+    for label in configs():
+        f = results[(label, None)]
         for dp, n in steps.items():
-            r = run(packing, dp, n, seed=dp)
-            rows.append((label, dp, n, r))
+            r = dict(results[(label, dp)], fill=f)
+            # tokens per step: dp packs at the fill of all buffers; time per step: the slowest rank (mean x ratio)
+            r["throughput"] = f / (r["ratio"] * r.pop("mean_cost") / SEQ)
             key = f"straggler_ratio_dp{dp}" + ("" if label == "balanced" else f"_{label}")
             out[key] = round(r["ratio"], 4)
             out[f"{label}_dp{dp}"] = {k: round(v, 4) for k, v in r.items()}
@@ -90,7 +125,8 @@ def main(argv=None) -> int:
     met = all(out[f"straggler_ratio_dp{dp}"] <= goal for dp, goal in GOALS.items())
     print("goals (DP 64 <= 1.05, DP 1024 <= 1.08): " + ("met" if met else "NOT met"))
     out.update({"ratio": out["straggler_ratio_dp64"], "goal": GOALS[64], "better": "lower", "goals_met": met,
-                "seq_length": SEQ, "buffer_size": 256, "workers_per_rank": 2, "steps": steps, "quick": bool(args.quick),
+                "seq_length": SEQ, "buffer_size": 256, "workers_per_rank": 2, "steps": steps, "warmup": warmup,
+                "quick": bool(args.quick), "processes": args.processes,
                 "seconds": round(time.perf_counter() - started, 1)})
     C.emit(out)
     return 0
