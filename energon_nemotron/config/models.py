@@ -49,6 +49,12 @@ class BalanceConfig(StrictModel):
 
     #: emit each buffer's packs in the order of the step schedule all ranks share
     schedule: bool = True
+    #: make each buffer's packs of even extra work (a packer registered with ``even=True``:
+    #: ``minimum_bin_slack``; other packers pack by tokens only)
+    even_packs: bool = True
+    #: with ``packing.carry``: carry whole packs too while that brings a buffer's extra work per
+    #: token nearer the running mean (a dear buffer holds its dearest packs back for the next)
+    even_buffers: bool = True
     #: cap each pack's extra work (vision patches, audio frames, attention) at this many times the
     #: running mean extra work of a full pack (1.0: the most even packs, for some token fill); null:
     #: no cap. Needs a packer with a second budget and no ``max_media_patches_per_pack``

@@ -6,7 +6,9 @@ Given the buffer's tokenized samples and, in this library's packing stage, its
 ``_energon.BufferContext``: each sample's extra work (``CostModel``: attention over its segments,
 vision patches, audio mel frames); the cap on a pack's extra work from the running cost sums the
 context keeps (``packing.balance.cost_cap``); the registered packer under the token, count and cap
-budgets, with under-filled packs carried (``packing.carry``; not from the last buffer); repeated
+budgets, given the samples' work when it makes even bins (``packing.balance.even_packs``), with
+under-filled packs carried (``packing.carry``; not from the last buffer) and whole packs carried
+while that brings the buffer's work per token nearer the running mean (``even_buffers``); repeated
 reads kept apart (``packing.distinct``); and the packs ordered by the step schedule
 (``packing.balance.schedule``). Called without a context (another host of the encoder), nothing is
 carried, the cap comes from the buffer alone and the schedule starts at the worker's first pack.
@@ -21,7 +23,7 @@ from energon_nemotron.config import PackingConfig
 from energon_nemotron.errors import ConfigError
 from energon_nemotron.packing.balance import CarryRule, CostDensity, CostModel, plan_buffer, schedule_order
 from energon_nemotron.packing.distinct import separate_repeats, source_id
-from energon_nemotron.packing.spec import has_second_budget, packer_options
+from energon_nemotron.packing.spec import has_second_budget, makes_even_bins, packer_options
 from energon_nemotron.types import EncodedSample
 
 __all__ = ["BufferPacker", "sample_extra", "cost_model"]
@@ -67,6 +69,9 @@ class BufferPacker:
         self.packing, self.packer, self.seq_length = packing, packer, seq_length
         self.model = cost_model(packing)
         self.capped = uses_cap(packing, packer)
+        b = packing.balance
+        self.even_packs = b is not None and b.even_packs and makes_even_bins(packer)
+        self.even_buffers = b is not None and b.even_buffers
         self.carried_counter = carried_counter
 
     def __call__(self, samples: Sequence[EncodedSample], carried: Sequence[int], context: Optional[Any],
@@ -84,7 +89,10 @@ class BufferPacker:
         options = packer_options(p, [s.media_patches for s in samples])
         cap = density.cap(L, p.balance.cost_cap) if self.capped else None
         whole = [math.ceil(e) for e in extras]
-        rule = CarryRule(p.carry.max_times, p.carry.min_fill) \
+        if self.even_packs:
+            options["work"] = extras
+        goal = density.extra / density.tokens if self.even_buffers and density.tokens > 0 else None
+        rule = CarryRule(p.carry.max_times, p.carry.min_fill, density=goal) \
             if p.carry is not None and context is not None and not context.final else None
         plan = plan_buffer(self.packer, costs, L, extras=whole, cap=cap, carried=carried, carry=rule, seed=seed,
                            **options)

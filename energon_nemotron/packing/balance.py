@@ -19,6 +19,11 @@ is packed (docs/packing.md has the figures):
 - **Tails.** A buffer packed on its own ends in packs filled with whatever is left. The samples of
   such packs (token fill under ``min_fill``) are *carried* into the next buffer instead, at most
   ``max_times`` times each, then packed wherever they fall (:class:`CarryRule`, :func:`plan_buffer`).
+- **Buffers.** A buffer's mean work per token differs across ranks (its few hundred samples' media
+  share), and nothing done inside one buffer evens that out. So whole packs are carried too while
+  that brings the buffer's emitted work per token nearer the running mean (``CarryRule.density``):
+  a dear buffer holds some of its dearest packs back, a cheap one some of its cheapest, for the
+  next buffer to pack with its own samples. Every token is still trained, a few buffers later.
 """
 
 from __future__ import annotations
@@ -109,6 +114,8 @@ class CarryRule:
     max_times: int
     min_fill: float
     max_carried: Optional[int] = None
+    #: the work per token to even the buffer's emitted packs to (the running mean), or None: none
+    density: Optional[float] = None
 
 
 def plan_buffer(packer: Callable[..., list[list[int]]], lengths: Sequence[int], capacity: int, *,
@@ -122,7 +129,8 @@ def plan_buffer(packer: Callable[..., list[list[int]]], lengths: Sequence[int], 
         lengths: int [N] packing costs (tokens) of the buffer's items.
         capacity: tokens per pack.
         extras: int [N] extra work of each item (``CostModel.extra``, rounded up); with ``cap``, the
-            packer's second budget (an item over it alone gets a pack of its own).
+            packer's second budget (an item over it alone gets a pack of its own); with
+            ``carry.density``, what the emitted packs' work per token is evened by.
         cap: int extra-work budget per pack, or None (no cost balance).
         carried: int [N] times each item was carried already (None: all 0).
         carry: the :class:`CarryRule`, or None: nothing is carried (also for the last buffer of a
@@ -131,8 +139,8 @@ def plan_buffer(packer: Callable[..., list[list[int]]], lengths: Sequence[int], 
 
     Returns:
         :class:`BufferPlan`: every index in exactly one of ``bins`` and ``carry``; at least one bin
-        when the buffer is not empty. Carried are whole packs, as the packer made them, the least
-        filled first.
+        when the buffer is not empty. Carried are whole packs, as the packer made them: the least
+        filled first, then (``carry.density``) those that even the buffer's work per token out.
     """
     n = len(lengths)
     if cap is not None:
@@ -154,8 +162,38 @@ def plan_buffer(packer: Callable[..., list[list[int]]], lengths: Sequence[int], 
             continue
         chosen.add(k)
         count += len(b)
+    if carry.density is not None and extras is not None:
+        chosen |= _even_density(bins, chosen, sizes, np.asarray(extras, dtype=np.float64), times, carry,
+                                limit - count)
     out = sorted(i for k in chosen for i in bins[k])
     return BufferPlan([b for k, b in enumerate(bins) if k not in chosen], out, cap)
+
+
+def _even_density(bins: list[list[int]], chosen: set[int], sizes: np.ndarray, extras: np.ndarray,
+                  times: np.ndarray, carry: CarryRule, room: int) -> set[int]:
+    """More packs (indices into ``bins``, not in ``chosen``) to carry: one at a time, the pack whose
+    removal brings the work per token of the packs left nearest ``carry.density``, while that is
+    nearer than before; within ``room`` samples, none carried ``max_times`` already, one pack left."""
+    left = [k for k in range(len(bins)) if k not in chosen]
+    tokens = [float(sizes[bins[k]].sum()) for k in left]
+    work = [float(extras[bins[k]].sum()) for k in left]
+    total, extra, goal = sum(tokens), sum(work), float(carry.density)
+    more: set[int] = set()
+    while len(left) - len(more) > 1:
+        gap, best = abs(extra / total - goal), None
+        for j, k in enumerate(left):
+            b = bins[k]
+            if k in more or len(b) > room or int(times[b].max()) >= carry.max_times:
+                continue
+            after = abs((extra - work[j]) / (total - tokens[j]) - goal)
+            if after < gap:
+                gap, best = after, j
+        if best is None:
+            break
+        more.add(left[best])
+        room -= len(bins[left[best]])
+        total, extra = total - tokens[best], extra - work[best]
+    return more
 
 
 def pack_step(pack_index: int, worker: int, num_workers: int, batch_size: int) -> int:

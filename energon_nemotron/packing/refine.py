@@ -14,11 +14,22 @@ Constraints: ``capacity`` (tokens); ``max_sequences_per_bin``; and an optional s
 vision-encoder work across packs. The subset is chosen on tokens; if it breaks the item count or
 the second budget, its items are dropped longest-second-size first and the bin is topped up with
 a fitting best-fit pass. An item over a budget gets a bin of its own. Deterministic (ties by index).
+
+Even bins (``work``, one figure per item: ``packing.balance.CostModel``'s extra work). Each
+bin has a target: the remaining items' work over the bins they still need (``ceil(tokens /
+capacity)``). After its first item, the bin takes the remaining items dearest first while its work
+stays within the target and they fit, then the subset sum completes the room, preferring the items
+of least work per token. The bins are as full as without ``work`` wherever the cheap items can
+complete them (the subset sum's reach is the same; only which subset changes), and their work is
+near the target; the target follows what the earlier bins took, so the last bins do not collect
+what the first left.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
+
+import math
 
 import numpy as np
 
@@ -55,11 +66,12 @@ def best_subset(sizes: np.ndarray, room: int) -> list[int]:
     return chosen
 
 
-@register_packer("minimum_bin_slack", second_budget=True)
+@register_packer("minimum_bin_slack", second_budget=True, even=True)
 def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
                       max_sequences_per_bin: Optional[int] = None, seed: int = 0,
                       secondary: Optional[Sequence[int]] = None,
-                      secondary_capacity: Optional[int] = None) -> list[list[int]]:
+                      secondary_capacity: Optional[int] = None,
+                      work: Optional[Sequence[float]] = None) -> list[list[int]]:
     """Bins filled one at a time to the least slack (see the module docstring).
 
     Args:
@@ -69,6 +81,7 @@ def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
         seed: accepted for the common packer signature (the packer is deterministic).
         secondary: int [N] second size of every item (e.g. vision patches), or None.
         secondary_capacity: the second budget per bin (required with ``secondary``).
+        work: float [N] work of every item (>= 0), or None; given: bins of even work (module docstring).
 
     Returns:
         Bins (lists of item indices); every index exactly once, no empty bin.
@@ -83,6 +96,10 @@ def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
         second, capacity2 = np.asarray(secondary, dtype=np.int64).reshape(-1), int(secondary_capacity)
         if second.shape != sizes.shape or (second.size and int(second.min()) < 0):
             raise ValueError("secondary must hold one non-negative size per item")
+    if work is not None:
+        work = np.asarray(work, dtype=np.float64).reshape(-1)
+        if work.shape != sizes.shape or (work.size and float(work.min()) < 0):
+            raise ValueError("work must hold one non-negative figure per item")
     order = sorted(range(sizes.size), key=lambda i: (-int(sizes[i]), -int(second[i]), i))
     bins: list[list[int]] = [[i] for i in order if sizes[i] > capacity or second[i] > capacity2]
     remaining = [i for i in order if sizes[i] <= capacity and second[i] <= capacity2]
@@ -91,7 +108,12 @@ def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
         room = capacity - int(sizes[first])
         room2 = capacity2 - int(second[first])
         slots = None if k is None else k - 1
-        picked = [rest[p] for p in best_subset(sizes[rest], room)] if rest and room and slots != 0 else []
+        if not rest or not room or slots == 0:
+            picked = []
+        elif work is None:
+            picked = [rest[p] for p in best_subset(sizes[rest], room)]
+        else:
+            picked = _even_subset(first, rest, remaining, sizes, work, capacity)
         if secondary is not None or slots is not None:
             picked = _within(picked, sizes, second, room2, slots)
             picked = _top_up(picked, rest, sizes, second, room, room2, slots)
@@ -99,6 +121,29 @@ def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
         bins.append([first] + sorted(picked, key=order.index))
         remaining = [i for i in rest if i not in chosen]
     return bins
+
+
+def _even_subset(first: int, rest: list[int], remaining: list[int], sizes: np.ndarray, work: np.ndarray,
+                 capacity: int) -> list[int]:
+    """Items of ``rest`` to complete the bin of ``first``: dearest first while the bin's work stays
+    within its target (the work of ``remaining`` over the bins its tokens need) and they fit, then
+    the subset of the others that fills the room best, cheapest per token first."""
+    need = max(1, math.ceil(int(sizes[remaining].sum()) / capacity))
+    target = float(work[remaining].sum()) / need
+    used, room = float(work[first]), capacity - int(sizes[first])
+    picked: list[int] = []
+    for i in sorted(rest, key=lambda i: (-float(work[i]), i)):
+        if work[i] <= 0 or used >= target:
+            break
+        if used + float(work[i]) <= target and int(sizes[i]) <= room:
+            picked.append(i)
+            used += float(work[i])
+            room -= int(sizes[i])
+    taken = set(picked)
+    cheap = sorted((i for i in rest if i not in taken), key=lambda i: (float(work[i]) / int(sizes[i]), i))
+    if room and cheap:
+        picked += [cheap[p] for p in best_subset(sizes[cheap], room)]
+    return picked
 
 
 def _within(picked: list[int], sizes, second, room2: int, slots: Optional[int]) -> list[int]:
