@@ -19,17 +19,16 @@ Even bins (``work``, one figure per item: ``packing.balance.CostModel``'s extra 
 bin has a target: the remaining items' work over the bins they still need (``ceil(tokens /
 capacity)``). After its first item, the bin takes the remaining items dearest first while its work
 stays within the target and they fit, then the subset sum completes the room, preferring the items
-of least work per token. The bins are as full as without ``work`` wherever the cheap items can
-complete them (the subset sum's reach is the same; only which subset changes), and their work is
-near the target; the target follows what the earlier bins took, so the last bins do not collect
-what the first left.
+of least work per token. The cheap items (text) are many and small, so the subset sum still fills
+almost every bin: the bins are as many as without ``work`` (tests/test_even_packs.py), the slack
+spread over them instead of left in the last. The target follows what the earlier bins took, so
+the last bins do not collect what the first left.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
 import math
+from typing import Optional, Sequence
 
 import numpy as np
 
