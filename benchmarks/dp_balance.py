@@ -39,6 +39,7 @@ import numpy as np
 
 from _pack_stream import fill_of, omni_mix, rank_steps
 from energon_nemotron.config import PackingConfig
+from energon_nemotron.guards import orphans
 
 SEQ = 16384
 GOALS = {64: 1.05, 1024: 1.08}
@@ -84,12 +85,13 @@ def _job(label: str, dp: Optional[int], steps: int, warmup: int) -> tuple[str, O
 
 def measure(steps: dict[int, int], warmup: int, processes: int) -> dict[tuple[str, Optional[int]], Any]:
     """Every config's fill and its ratio at each DP size, the dearest jobs first, on ``processes``
-    processes (the jobs are independent: the figures are those of a serial run)."""
+    forked processes (the jobs are independent: the figures are those of a serial run)."""
     jobs = [(label, dp, n, warmup) for dp, n in sorted(steps.items(), reverse=True) for label in configs()]
     jobs += [(label, None, 0, warmup) for label in configs()]
     if processes <= 1:
         return {(label, dp): r for label, dp, r in (_job(*j) for j in jobs)}
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    orphans.install()                   # forked pool processes die with this one, killed or not
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
         return {(label, dp): r for label, dp, r in pool.map(_job, *zip(*jobs))}
 
 
