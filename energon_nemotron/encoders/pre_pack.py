@@ -91,8 +91,7 @@ class BufferPacker:
         whole = [math.ceil(e) for e in extras]
         if self.even_packs:
             options["work"] = extras
-        goal = density.extra / density.tokens if self.even_buffers and density.tokens > 0 else None
-        rule = CarryRule(p.carry.max_times, p.carry.min_fill, density=goal) \
+        rule = CarryRule(p.carry.max_times, p.carry.min_fill, density=density.per_token() if self.even_buffers else None) \
             if p.carry is not None and context is not None and not context.final else None
         plan = plan_buffer(self.packer, costs, L, extras=whole, cap=cap, carried=carried, carry=rule, seed=seed,
                            **options)

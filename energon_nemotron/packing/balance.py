@@ -84,11 +84,16 @@ class CostDensity:
         self.extra += float(sum(extras))
         self.tokens += int(sum(int(n) for n in lengths))
 
+    def per_token(self) -> Optional[float]:
+        """The running mean extra work per token (float; None before any token was seen)."""
+        return self.extra / self.tokens if self.tokens > 0 else None
+
     def cap(self, capacity: int, slack: float) -> Optional[int]:
         """int budget of extra work per pack (None before any token was seen, or with no extra work)."""
-        if self.tokens <= 0 or self.extra <= 0:
+        mean = self.per_token()
+        if mean is None or self.extra <= 0:
             return None
-        return max(1, math.ceil(self.extra / self.tokens * capacity * slack))
+        return max(1, math.ceil(mean * capacity * slack))
 
     def state(self) -> list:
         return [self.extra, self.tokens]
