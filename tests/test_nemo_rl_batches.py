@@ -91,10 +91,22 @@ def library_loss(logits: torch.Tensor, batch) -> tuple[torch.Tensor, set]:
 
 
 def assert_same_loss(batch, d: dict, vocab: int, seed: int = 0) -> None:
+    """Both readings of the loss over the same random logits: the same NLL per pack and the same
+    trained (row, position, target) triples; NeMo-RL's normaliser counts the library's trained labels.
+
+    Every id either side holds must be below ``vocab``. The logits cover those ids only, renumbered
+    in order on both sides (a bijection, so a target that differs still differs): a target's NLL
+    depends on its own logit and the normaliser over the others, and logits over the whole
+    vocabulary (rows × positions × ~20k ids, in float64) cost seconds a batch and test nothing more."""
+    labels = batch.labels
+    used = torch.unique(torch.cat([labels.clamp(min=0).flatten(), d["input_ids"].flatten().long()]))
+    assert int(used.min()) >= 0 and int(used.max()) < vocab, (int(used.min()), int(used.max()), vocab)
+    compact = batch.replace(labels=torch.where(labels < 0, labels, torch.searchsorted(used, labels.clamp(min=0))))
+    compact_d = {**d, "input_ids": torch.searchsorted(used, d["input_ids"].long())}
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(batch.batch_size, batch.seq_length, vocab, generator=gen)
-    ours, our_triples = library_loss(logits, batch)
-    theirs, their_triples = nemo_rl_loss(logits, d)
+    logits = torch.randn(batch.batch_size, batch.seq_length, used.numel(), generator=gen)
+    ours, our_triples = library_loss(logits, compact)
+    theirs, their_triples = nemo_rl_loss(logits, compact_d)
     assert our_triples == their_triples
     torch.testing.assert_close(theirs, ours, rtol=1e-12, atol=1e-9)
     # NeMo-RL's normaliser, Σ token_mask[:, 1:] · sample_mask, counts the library's trained labels
