@@ -54,7 +54,7 @@ from energon_nemotron._energon import (LEAF, SELECTORS, SUPPORTED, BufferContext
                                        stage_error_context, stage_failure_tolerance, store_entry_names, entry_size, index_file,
                                        remote_entry_range,
                                        store_kind, store_local_base, webdataset_entry, worker_dataset_state,
-                                       worker_root, worker_sample_counters, wrap_leaf_readers)
+                                       shutdown_workers, worker_root, worker_sample_counters, wrap_leaf_readers)
 from energon_nemotron.demo.conversations import make_conversations
 from energon_nemotron.demo.datasets import text_dataset
 from energon_nemotron.errors import ConfigError, DataError
@@ -75,7 +75,7 @@ PRIVATE_NAMES = ("_get_sample", "_epoch_count", "_pending_slice_indexes", "_acti
                  "_pending_slices_offset", "_worker_sample_counters", "join_readers", "_load_dataset",
                  "_savable_fields", "workers_slice_offsets", "shard_count_cumsum", "shard_infos", "_load_sample",
                  "__default_failure_tolerance__", "get_initial_checkpoint", "sqlite_reader", "db_has_sample_parts",
-                 "list_all_sample_parts")
+                 "list_all_sample_parts", "_shutdown_workers")
 #: Energon's message strings, restore-key tokens, class names and file names (in a string constant)
 PRIVATE_STRINGS = ("Cannot blend with dataset weights", "No cooker found", "Webdataset", "SavableDatasetWrapper",
                    "WebdatasetSampleLoaderDataset", "index.sqlite")
@@ -547,12 +547,17 @@ def test_worker_checkpoints(data):
     assert saved_class(tree) == type(worker_root(inner)).__name__
     _check_tree(worker_root(inner), tree)
     assert saved_leaf_epoch(_leaf_state(tree)) == 0
+    assert shutdown_workers(inner) == [0] and shutdown_workers(inner) == [0]     # ended on its own; idempotent
     del it, loader
+    plain = build_train_loader(cfg(data.a), repeat=False)
+    next(iter(plain))
+    assert shutdown_workers(plain.inner) == []                     # no workers: nothing to stop
     restored = build_train_loader(cfg(data.a, workers=1), repeat=False)
     restored.inner.restore_state_rank(state)
     start, = initial_worker_checkpoints(restored.inner)
     assert is_worker_checkpoint(start) and start.offset == ckpt.offset and worker_dataset_state(start) is tree
     assert len(worker_sample_counters(restored.inner)) == 1
+    assert shutdown_workers(restored.inner) == []                  # not iterated: no workers yet
     empty = empty_worker_checkpoint()
     assert is_worker_checkpoint(empty) and worker_dataset_state(empty) is None and empty.offset == 0
     # Energon restores an empty checkpoint as the worker's initial state: the epoch from its start
@@ -1082,7 +1087,7 @@ EXERCISED = {
     "test_saved_state_without_workers": ["is_loader_state", "is_worker_checkpoint", "worker_dataset_state",
                                          "saved_class", "saved_inner", "saved_leaf_epoch", "saved_leaf_slices",
                                          "savable_fields", "WrapperDataset"],
-    "test_worker_checkpoints": ["worker_root", "worker_sample_counters", "initial_worker_checkpoints",
+    "test_worker_checkpoints": ["shutdown_workers", "worker_root", "worker_sample_counters", "initial_worker_checkpoints",
                                 "empty_worker_checkpoint", "is_worker_checkpoint", "worker_dataset_state"],
     "test_stage_failure_tolerance": ["stage_failure_tolerance", "set_default_failure_tolerance"],
     "test_stage_error_context_hands_errors_to_the_handler": ["stage_error_context"],

@@ -1,9 +1,13 @@
 """A loader's workers die with its process: the main process of a 2-worker loader killed (SIGKILL or
-SIGTERM) mid-iteration leaves no worker behind (``guards.orphans``)."""
+SIGTERM) mid-iteration leaves no worker behind (``guards.orphans``). A loader dropped or closed
+mid-iteration ends its workers at once: they exit on their own (code 0), not killed after
+PyTorch's 5 s wait per worker."""
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -14,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from energon_data import text_config, text_dataset
+from energon_nemotron.loading import build_train_loader
 
 SCRIPT = """
 import json, sys, time
@@ -77,3 +82,34 @@ def test_workers_die_with_the_main_process(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()
+
+
+def started_workers(tmp_path, before: set) -> tuple[object, object, list]:
+    """A 2-worker loader (its workers still reading ahead, the packing buffer 4 of 40 samples), an
+    iterator that has taken one batch, and the worker processes it started."""
+    ds, _ = text_dataset(tmp_path / "ds", "openai_messages", n=40)
+    loader = build_train_loader(text_config(ds, workers=2, packing={"algorithm": "first_fit_decreasing",
+                                                                     "buffer_size": 4}))
+    it = iter(loader)
+    next(it)
+    return loader, it, [p for p in multiprocessing.active_children() if p not in before]
+
+
+@pytest.mark.parametrize("how", ["dropped", "closed"])
+def test_a_loader_left_mid_epoch_ends_its_workers_at_once(tmp_path, how):
+    gc.collect()                          # a loader of an earlier test must not be collected below
+    before = set(multiprocessing.active_children())
+    loader, it, workers = started_workers(tmp_path, before)
+    assert len(workers) == 2 and all(w.exitcode is None for w in workers)
+    if how == "closed":
+        loader.close()
+        loader.close()                    # idempotent
+    else:
+        del loader, it                    # the last references: the loader goes, no collection needed
+    try:
+        assert [w.exitcode for w in workers] == [0, 0]     # joined, each having ended on its own
+    finally:
+        for w in workers:
+            if w.exitcode is None:
+                w.kill()
+                w.join(timeout=30)

@@ -27,7 +27,7 @@ from energon_nemotron._energon.stages import (DatasetHook, WrapperDataset, basic
                                               stage_error_context, stage_failure_tolerance)
 from energon_nemotron._energon.states import (empty_worker_checkpoint, initial_worker_checkpoints,
                                               is_loader_state, is_worker_checkpoint, is_wrapper, savable_fields,
-                                              saved_class, saved_inner, saved_leaf_epoch, saved_leaf_slices,
+                                              saved_class, saved_inner, saved_leaf_epoch, saved_leaf_slices, shutdown_workers,
                                               worker_dataset_state, worker_root, worker_sample_counters)
 from energon_nemotron._energon.tree import (LEAF, SELECTORS, batch_worker, empty_leaf_sample,
                                             filter_leaf_samples, inner_datasets, is_leaf, leaf_epoch, leaf_readers,
@@ -56,4 +56,4 @@ __all__ = ["SUPPORTED", "check_version",
            # saved states and the savable loader's workers
            "is_loader_state", "is_worker_checkpoint", "worker_dataset_state", "empty_worker_checkpoint",
            "saved_class", "saved_inner", "saved_leaf_epoch", "saved_leaf_slices", "savable_fields", "is_wrapper",
-           "worker_root", "worker_sample_counters", "initial_worker_checkpoints"]
+           "worker_root", "worker_sample_counters", "initial_worker_checkpoints", "shutdown_workers"]

@@ -79,3 +79,20 @@ def worker_sample_counters(loader: Any) -> list[int]:
 def initial_worker_checkpoints(loader: Any) -> Optional[list]:
     """The checkpoints a savable loader starts its workers from (None: their initial state)."""
     return loader.dataset.get_initial_checkpoint()
+
+
+def shutdown_workers(loader: Any) -> list[Optional[int]]:
+    """Stop the worker processes of a savable loader now, and return their exit codes (``[]``
+    without workers or before its first ``iter``; 0 for a worker that ended on its own).
+
+    The loader keeps PyTorch's multi-process iterator (its ``_iterator``: persistent workers) and
+    its epoch generator refers back to the loader, so an abandoned loader is freed by the cyclic
+    garbage collector. That one runs the weakref finalizers first, which close the iterator's index
+    queues; the iterator's ``__del__`` then cannot reach its workers, waits 5 s for each and kills
+    them. Called while the queues are open (``_shutdown_workers``), the workers end at once.
+    Idempotent; the loader cannot start its workers again afterwards."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is None or not hasattr(iterator, "_shutdown_workers"):
+        return []
+    iterator._shutdown_workers()
+    return [w.exitcode for w in iterator._workers]

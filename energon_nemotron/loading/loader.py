@@ -18,13 +18,14 @@ dropped and counted by reason in ``PackedBatch.skipped``). ``Loader.state_dict()
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 from pydantic import ValidationError
 
-from energon_nemotron._energon import is_no_cooker_error, is_weighted_blend_error, quiet_progress
+from energon_nemotron._energon import is_no_cooker_error, is_weighted_blend_error, quiet_progress, shutdown_workers
 from energon_nemotron.config import EnergonSource, LoaderConfig, MegatronSource, format_validation_error, load_config
 from energon_nemotron.cookers.remote_entries import EntryCache
 from energon_nemotron.encoders.outputs import PACKED_BATCH
@@ -231,6 +232,9 @@ class Loader:
     ``state_dict()`` after any number of batches, ``load_state_dict(state)`` on a freshly built
     loader with the same configuration, before iterating: the restored loader yields the very
     batches the original would have yielded next. The state carries :func:`fingerprint`.
+
+    ``close()`` stops the worker processes; a loader that is dropped (its last reference gone)
+    stops them as well, at once, however far its workers had read ahead.
     """
 
     def __init__(self, inner: Any, fingerprint: dict, stats: LoaderStats, rows: bool = False) -> None:
@@ -245,6 +249,15 @@ class Loader:
         self.recent: Any = None                    # elastic.RecentBatches of an Energon loader
         if not rows:
             self._start = start_point(inner)     # what a worker that has delivered nothing resumes from
+        # the inner loader is freed by the cyclic collector, too late to reach its workers quickly
+        # (_energon.shutdown_workers); this finalizer stops them when the Loader goes
+        self._close = weakref.finalize(self, shutdown_workers, inner)
+        self._close.atexit = False               # at exit PyTorch's own hooks end the workers
+
+    def close(self) -> None:
+        """Stop the worker processes (none to stop with ``num_workers`` 0); the loader cannot be
+        iterated afterwards. Idempotent."""
+        self._close()
 
     @property
     def dataset(self) -> Any:
