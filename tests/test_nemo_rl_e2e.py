@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 from collections import Counter
 
 import pytest
@@ -76,6 +77,7 @@ def test_shape_a_end_to_end(blend, tokenizer):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_end_to_end_batches_and_exact_resume(blend, tokenizer, workers):
+    before = set(multiprocessing.active_children())
     cfg = shape_b(blend, workers)
     first = build_nemo_rl_loader(cfg, tokenizer=tokenizer)
     batches = take(first, 4)
@@ -94,6 +96,11 @@ def test_end_to_end_batches_and_exact_resume(blend, tokenizer, workers):
     again.load_state_dict(state)
     resumed = take(again, 2)
     assert all(same(a, b) for a, b in zip(after, resumed))
+    started = [p for p in multiprocessing.active_children() if p not in before]
+    assert len(started) == 2 * workers
+    first.close()
+    again.close()                      # both mid-epoch: their workers end on their own, at once
+    assert [p.exitcode for p in started] == [0] * len(started)
 
 
 def test_a_changed_identity_is_refused_with_the_keys(blend, tokenizer):

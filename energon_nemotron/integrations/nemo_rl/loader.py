@@ -84,6 +84,10 @@ class NemoRLLoader:
     def telemetry(self) -> dict:
         return self.loader.telemetry()
 
+    def close(self) -> None:
+        """Stop the worker processes now (``Loader.close``); dropping the loader does it too."""
+        self.loader.close()
+
     def state_dict(self) -> dict:
         return {"backend": "energon", "format_version": FORMAT_VERSION, "fingerprint": self.fingerprint,
                 "identity": self.identity, "loader_state": _payload(self.loader.state_dict())}
