@@ -83,7 +83,8 @@ def initial_worker_checkpoints(loader: Any) -> Optional[list]:
 
 def shutdown_workers(loader: Any) -> list[Optional[int]]:
     """Stop the worker processes of a savable loader now, and return their exit codes (``[]``
-    without workers or before its first ``iter``; 0 for a worker that ended on its own).
+    without workers or before its first ``iter``). A code does not tell a worker that ended on its
+    own from one PyTorch terminated: both exit 0.
 
     The loader keeps PyTorch's multi-process iterator (its ``_iterator``: persistent workers) and
     its epoch generator refers back to the loader, so an abandoned loader is freed by the cyclic
