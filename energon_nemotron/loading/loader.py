@@ -32,7 +32,7 @@ from energon_nemotron.encoders.outputs import PACKED_BATCH
 from energon_nemotron.encoders.pre_pack import cost_model
 from energon_nemotron.encoders.runtime import EncoderCounters, Runtime
 from energon_nemotron.errors import ConfigError
-from energon_nemotron.guards import orphans, stalls
+from energon_nemotron.guards import av_fork, orphans, stalls
 from energon_nemotron.guards.policy import ErrorPolicy, skip_counter
 from energon_nemotron.guards.shards import guard_reads
 from energon_nemotron.guards.skip_limits import apply_limits
@@ -159,6 +159,7 @@ def _energon_loader(cfg: LoaderConfig, src: EnergonSource, validation: bool, rep
     s = cfg.loader
     orphans.install()                        # forked workers die with this process (guards.orphans)
     stalls.install()                         # a watchdog timeout names the worker and its sample
+    av_fork.install()                        # a worker builds its own video scaler (guards.av_fork)
     return get_savable_loader(dataset, gc_collect_every_n_steps=s.gc_collect_every_n_steps,
                               watchdog_timeout_seconds=s.watchdog_timeout_seconds, prefetch_factor=s.prefetch_factor,
                               checkpoint_every_sec=s.checkpoint_every_sec, checkpoint_every_min_n_samples=1,

@@ -50,10 +50,12 @@ def display_rotation(matrix: Sequence[int] | None) -> int:
 def frame_display_matrix(frame) -> tuple[int, ...] | None:
     """The 9-int display matrix of a decoded ``av.VideoFrame`` (FFmpeg copies the container's into
     every frame and adds one from an H.264/HEVC display-orientation SEI), or None."""
-    for sd in frame.side_data:
-        if getattr(sd.type, "name", "") == "DISPLAYMATRIX":
-            return struct.unpack("=9i", bytes(sd))
-    return None
+    from av.sidedata.sidedata import Type as SideDataType
+
+    # By key, not by iterating: PyAV 18.1.1 made the container a Mapping (iteration gives the keys;
+    # 18.1.0 gave the entries), and its lookup by type is the same in both.
+    sd = frame.side_data.get(SideDataType.DISPLAYMATRIX)
+    return None if sd is None else struct.unpack("=9i", bytes(sd))
 
 
 def video_rotation(stream, header_only: bool = False) -> int:
