@@ -46,14 +46,17 @@ def best_subset(sizes: np.ndarray, room: int) -> list[int]:
     reach = np.zeros(room + 1, dtype=bool)
     reach[0] = True
     who = np.full(room + 1, -1, dtype=np.int64)
+    scratch = np.empty(room + 1, dtype=bool)
+    hi = 0                                   # no total above hi is reached yet
     for pos, w in enumerate(sizes.tolist()):
         if w > room:
             continue
-        new = np.zeros_like(reach)
-        new[w:] = reach[:room + 1 - w]
-        new &= ~reach
-        who[new] = pos
-        reach |= new
+        hi = min(room, hi + w)
+        span = slice(w, hi + 1)
+        new = scratch[:hi + 1 - w]
+        np.greater(reach[:hi + 1 - w], reach[span], out=new)     # reached from t - w, not yet at t
+        who[span][new] = pos
+        reach[span] |= new
         if reach[room]:
             break
     total = int(np.flatnonzero(reach)[-1])
@@ -100,6 +103,8 @@ def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
         if work.shape != sizes.shape or (work.size and float(work.min()) < 0):
             raise ValueError("work must hold one non-negative figure per item")
     order = sorted(range(sizes.size), key=lambda i: (-int(sizes[i]), -int(second[i]), i))
+    rank = {i: r for r, i in enumerate(order)}
+    orders = None if work is None else _work_orders(sizes, work)
     bins: list[list[int]] = [[i] for i in order if sizes[i] > capacity or second[i] > capacity2]
     remaining = [i for i in order if sizes[i] <= capacity and second[i] <= capacity2]
     while remaining:
@@ -112,34 +117,46 @@ def minimum_bin_slack(lengths: Sequence[int] | np.ndarray, capacity: int, *,
         elif work is None:
             picked = [rest[p] for p in best_subset(sizes[rest], room)]
         else:
-            picked = _even_subset(first, rest, remaining, sizes, work, capacity)
+            picked = _even_subset(first, rest, remaining, sizes, work, capacity, orders)
         if secondary is not None or slots is not None:
             picked = _within(picked, sizes, second, room2, slots)
             picked = _top_up(picked, rest, sizes, second, room, room2, slots)
         chosen = set(picked)
-        bins.append([first] + sorted(picked, key=order.index))
+        bins.append([first] + sorted(picked, key=rank.__getitem__))
         remaining = [i for i in rest if i not in chosen]
     return bins
 
 
+def _work_orders(sizes: np.ndarray, work: np.ndarray) -> tuple[list[int], list[int]]:
+    """Every item's index, dearest first (ties by index), and cheapest per token first (ties by
+    index): the orders :func:`_even_subset` walks, sorted once per buffer."""
+    w, n = work.tolist(), sizes.tolist()
+    return (sorted(range(len(w)), key=lambda i: (-w[i], i)),
+            sorted(range(len(w)), key=lambda i: (w[i] / n[i], i)))
+
+
 def _even_subset(first: int, rest: list[int], remaining: list[int], sizes: np.ndarray, work: np.ndarray,
-                 capacity: int) -> list[int]:
+                 capacity: int, orders: tuple[list[int], list[int]]) -> list[int]:
     """Items of ``rest`` to complete the bin of ``first``: dearest first while the bin's work stays
     within its target (the work of ``remaining`` over the bins its tokens need) and they fit, then
-    the subset of the others that fills the room best, cheapest per token first."""
+    the subset of the others that fills the room best, cheapest per token first (``orders``:
+    :func:`_work_orders`, filtered here to ``rest``)."""
     need = max(1, math.ceil(int(sizes[remaining].sum()) / capacity))
     target = float(work[remaining].sum()) / need
     used, room = float(work[first]), capacity - int(sizes[first])
+    member = set(rest)
     picked: list[int] = []
-    for i in sorted(rest, key=lambda i: (-float(work[i]), i)):
+    for i in orders[0]:
+        if i not in member:
+            continue
         if work[i] <= 0 or used >= target:
             break
         if used + float(work[i]) <= target and int(sizes[i]) <= room:
             picked.append(i)
             used += float(work[i])
             room -= int(sizes[i])
-    taken = set(picked)
-    cheap = sorted((i for i in rest if i not in taken), key=lambda i: (float(work[i]) / int(sizes[i]), i))
+    member.difference_update(picked)
+    cheap = [i for i in orders[1] if i in member]
     if room and cheap:
         picked += [cheap[p] for p in best_subset(sizes[cheap], room)]
     return picked
