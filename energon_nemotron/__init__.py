@@ -8,7 +8,7 @@ library, Energon's loaders included, for ``import energon_nemotron.errors``.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_nemotron.version import __version__
 
@@ -39,7 +39,30 @@ _EXPORTS = {
     "MegatronSFTPackedDataset": "energon_nemotron.megatron_packed",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+# what a type checker sees (the names above, with their real types); at run time they are loaded
+# on first use by __getattr__ below
+if TYPE_CHECKING:
+    from energon_nemotron.loading import build_train_loader, build_val_loader, build_task_encoder, Loader
+    from energon_nemotron.config import load_config, LoaderConfig
+    from energon_nemotron.registry import (COOKERS, MEGATRON_PROMPT_FORMATS, MODEL_PRESETS, PACKERS, PROMPT_FORMATS,
+                                           TASK_ENCODERS)
+    from energon_nemotron.batch import PackedBatch, IGNORE_INDEX
+    from energon_nemotron.tensors import PackedTensor, DedupPackedTensor
+    from energon_nemotron.types import Conversation, Message, MediaRef
+    from energon_nemotron.errors import DataError, ConfigError, DatasetError, MediaError, SkipLimitError, LoaderError
+    from energon_nemotron.resume import save_state_file, load_state_file, merge_rank_states
+    from energon_nemotron.megatron_packed import MegatronSFTPackedEncoder, MegatronSFTPackedDataset
+
+#: written out (not derived from _EXPORTS) so that linters and type checkers read it; tests/test_typing.py
+#: checks that it lists exactly the exports
+__all__ = [
+    "__version__", "build_train_loader", "build_val_loader", "build_task_encoder", "Loader", "load_config",
+    "LoaderConfig", "COOKERS", "PACKERS", "PROMPT_FORMATS", "TASK_ENCODERS", "MEGATRON_PROMPT_FORMATS",
+    "MODEL_PRESETS", "PackedBatch", "IGNORE_INDEX", "PackedTensor", "DedupPackedTensor", "Conversation",
+    "Message", "MediaRef", "DataError", "ConfigError", "DatasetError", "MediaError", "SkipLimitError",
+    "LoaderError", "save_state_file", "load_state_file", "merge_rank_states", "MegatronSFTPackedEncoder",
+    "MegatronSFTPackedDataset",
+]
 
 
 def __getattr__(name: str) -> Any:
