@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import types
-from typing import Callable, Generic, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar
 
 from energon_nemotron.errors import ConfigError
 
@@ -149,17 +149,17 @@ def _module_origin(obj: object) -> str:
 
 #: Packing algorithms: ``fn(lengths, capacity, *, max_sequences_per_bin=None, seed=0) -> list[list[int]]``
 #: (the protocol and the second budget: ``packing.spec``).
-PACKERS: Registry[Callable] = Registry("packer", ["energon_nemotron.packing.algorithms",
+PACKERS: Registry[Callable[..., Any]] = Registry("packer", ["energon_nemotron.packing.algorithms",
                                                    "energon_nemotron.packing.refine",
                                                    "energon_nemotron.packing.knapsack",
                                                    "energon_nemotron.packing.concatenative",
                                                    "energon_nemotron.packing.modified_ffd"])
 #: Energon-path prompt formats: ``cls(tokenizer)`` with ``render(messages, key)`` (``tokenization.formats``).
-PROMPT_FORMATS: Registry = Registry("prompt format", ["energon_nemotron.tokenization.formats",
+PROMPT_FORMATS: Registry[Any] = Registry("prompt format", ["energon_nemotron.tokenization.formats",
                                                      "energon_nemotron.tokenization.nemo_rl_formats"])
 #: Cookers: ``name -> cook function`` (``@stateless``; ``cookers/``), plus those of other
 #: distributions' ``energon_nemotron.cookers`` entry points (registered via ``cookers.base.register``).
-COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.conversations",
+COOKERS: Registry[Callable[..., Any]] = Registry("cooker", ["energon_nemotron.cookers.conversations",
                                                    "energon_nemotron.cookers.openai_messages",
                                                    "energon_nemotron.cookers.asr",
                                                    "energon_nemotron.cookers.nemotron_general",
@@ -168,13 +168,13 @@ COOKERS: Registry[Callable] = Registry("cooker", ["energon_nemotron.cookers.conv
                                                    "energon_nemotron.cookers.legacy_conversations"],
                                        entry_points="energon_nemotron.cookers")
 #: Task encoders: ``name -> class`` with an ``Options`` pydantic model (``encoders/``).
-TASK_ENCODERS: Registry = Registry("task encoder", ["energon_nemotron.encoders.nemotron_multimodal"])
+TASK_ENCODERS: Registry[Any] = Registry("task encoder", ["energon_nemotron.encoders.nemotron_multimodal"])
 #: Megatron-LM ``SFTTokenizer`` prompt formats (see ``megatron_packed.prompt_formats``).
-MEGATRON_PROMPT_FORMATS: Registry = Registry("Megatron-LM SFT prompt format",
+MEGATRON_PROMPT_FORMATS: Registry[Any] = Registry("Megatron-LM SFT prompt format",
                                               ["energon_nemotron.megatron_packed.prompt_formats"])
 
 #: Model presets: ``name -> encoders.presets.ModelPreset`` (the media layout a consumer model needs).
-MODEL_PRESETS: Registry = Registry("model preset", ["energon_nemotron.encoders.presets"])
+MODEL_PRESETS: Registry[Any] = Registry("model preset", ["energon_nemotron.encoders.presets"])
 #: What the task encoder's ``batch`` yields besides a ``PackedBatch`` (``task_encoder.options.output``):
 #: ``name -> encoders.outputs.BatchOutput``. The built-in ones are the consumer adapters'
 #: (``integrations/``), registered by module name: the one link from the core to ``integrations/``,

@@ -1,8 +1,8 @@
 """The package as a user's type checker sees it: the built wheel ships ``py.typed``, the README's
 Python examples type-check against that wheel with basedpyright (0 errors), and a call that breaks
 the public signatures is reported there (so the check reads the library's types, not ``Any``).
-The package root's names are typed for the checker (a ``TYPE_CHECKING`` import of each) while they
-are still loaded on first use at run time."""
+The package root's names are typed for the checker (a ``TYPE_CHECKING`` import of each, strict-clean)
+while they are still loaded on first use at run time."""
 
 from __future__ import annotations
 
@@ -85,6 +85,22 @@ def test_readme_examples_type_check_against_the_wheel(wheel: Path, tmp_path: Pat
     wrong = {(d["range"]["start"]["line"] + 1, d.get("rule")) for d in errors if Path(d["file"]).name == "wrong_calls.py"}
     assert wrong == WRONG_EXPECTED, f"the wrong calls gave {sorted(wrong)}: the checker did not read the library's types"
     assert report["summary"]["filesAnalyzed"] == len(blocks) + 1
+
+
+def test_root_names_pass_strict(tmp_path: Path):
+    """basedpyright's strict mode on the package root: every public name's type is fully known
+    (no ``Unknown`` in a signature: parameters like ``dict[str, Any]``, registries with their item type)."""
+    config = {"include": [str(REPO / "energon_nemotron" / "__init__.py")], "typeCheckingMode": "strict",
+              "pythonVersion": "3.11", "extraPaths": [str(REPO)]}
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))
+    out = subprocess.run([basedpyright(), "-p", str(tmp_path / "pyrightconfig.json"), "--pythonpath", sys.executable,
+                          "--outputjson"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.stdout.strip(), out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    errors = [f"{d['range']['start']['line'] + 1}: {d['message']}" for d in report["generalDiagnostics"]
+              if d["severity"] == "error"]
+    assert errors == [], "the package root is not strict-clean:\n" + "\n".join(errors)
+    assert report["summary"]["filesAnalyzed"] == 1
 
 
 def test_root_names_are_typed_and_still_lazy():

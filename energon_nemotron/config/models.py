@@ -354,7 +354,7 @@ def read_yaml_file(path: Path, what: str) -> Any:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
 
 
-def load_config(source: Union[str, Path, dict], base: Optional[Path] = None) -> LoaderConfig:
+def load_config(source: Union[str, Path, dict[str, Any]], base: Optional[Path] = None) -> LoaderConfig:
     """Parse a loader config from a YAML file (or a dict); errors are ``ConfigError``s."""
     if isinstance(source, dict):
         data, origin, base = source, "config", base or Path.cwd()

@@ -75,7 +75,7 @@ def padding_batch(template, cfg: LoaderConfig):
 
 
 def build_val_loader(config: ConfigLike, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
-                     group: Any = None) -> Iterable:
+                     group: Any = None) -> Iterable[Any]:
     """Batches of the validation split for one data-parallel rank (one pass), padded so that every
     rank yields the same number of batches. ``group``: the data-parallel ``torch.distributed``
     group, used to agree on that number; without it (single process) the other ranks' batch

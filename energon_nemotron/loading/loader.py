@@ -46,7 +46,7 @@ from energon_nemotron.resume.elastic import RecentBatches, install_filters, rank
 from energon_nemotron.resume.fingerprint import check_fingerprint, fingerprint
 from energon_nemotron.resume.worker_checkpoints import settle, start_point
 
-ConfigLike = Union[LoaderConfig, str, Path, dict]
+ConfigLike = Union[LoaderConfig, str, Path, dict[str, Any]]
 
 
 #: set to 1 (the command line's --verbose) to keep Energon's per-worker shard lines and buffer bars
@@ -61,7 +61,7 @@ def as_config(config: ConfigLike) -> LoaderConfig:
 
 
 def build_task_encoder(config: ConfigLike, subclass: Optional[Callable[[type], type]] = None,
-                       runtime: Optional[Runtime] = None):
+                       runtime: Optional[Runtime] = None) -> Any:
     """The configured task encoder; its ``options`` are validated by the encoder's own model.
     ``subclass``: builds the class to instantiate from the registered one (e.g. the phase-1 reader
     of ``stats``), so it is constructed exactly as the loader constructs it; ``runtime``: how it is

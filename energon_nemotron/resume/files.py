@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from energon_nemotron.errors import ConfigError
 
@@ -19,7 +20,7 @@ VERSION = 1
 __all__ = ["save_state_file", "load_state_file", "FORMAT", "VERSION"]
 
 
-def save_state_file(path: str | os.PathLike, state: dict) -> None:
+def save_state_file(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Write ``state`` as JSON atomically: a temporary file in the same folder, fsync, rename. A
     failed write (disk full, a file-size limit) removes the temporary file, leaves an existing state
     file as it was, and raises an ``OSError`` that says so."""
@@ -43,7 +44,7 @@ def save_state_file(path: str | os.PathLike, state: dict) -> None:
         os.close(dir_fd)
 
 
-def load_state_file(path: str | os.PathLike) -> dict:
+def load_state_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a state file written by :func:`save_state_file` (``ConfigError`` when it is not one)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -169,7 +169,7 @@ def _merge(states: Sequence[dict]) -> dict:
                                               "saved_num_workers": records[0][0]["num_workers"]}}
 
 
-def merge_rank_states(states: Sequence[dict]) -> dict:
+def merge_rank_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One state for the whole run from the states of all N data-parallel ranks (any order), for
     ``load_state_dict(merged, elastic=True)`` on any number of ranks and workers. ``ConfigError``
     when a rank is missing or repeated, the states disagree on anything but the rank layout, a
