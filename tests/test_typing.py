@@ -37,6 +37,16 @@ def basedpyright() -> str:
     return str(found)
 
 
+def check(folder: Path, config: dict) -> dict:
+    """basedpyright's JSON report for ``config`` (written to ``folder/pyrightconfig.json``), run
+    with this interpreter's environment."""
+    (folder / "pyrightconfig.json").write_text(json.dumps(config))
+    out = subprocess.run([basedpyright(), "-p", str(folder / "pyrightconfig.json"), "--pythonpath", sys.executable,
+                          "--outputjson"], capture_output=True, text=True, timeout=600, cwd=folder)
+    assert out.stdout.strip(), out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel built from a copy of the sources (so that the build writes nothing into the repository)."""
@@ -71,13 +81,8 @@ def test_readme_examples_type_check_against_the_wheel(wheel: Path, tmp_path: Pat
     for b in blocks:
         (user / f"readme_line_{b.line}.py").write_text(b.text)
     (user / "wrong_calls.py").write_text(WRONG_CALLS)
-    config = {"include": ["user"], "typeCheckingMode": "standard", "pythonVersion": "3.11",
-              "extraPaths": [str(site)], "reportMissingModuleSource": "error"}
-    (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))
-    out = subprocess.run([basedpyright(), "-p", str(tmp_path / "pyrightconfig.json"), "--pythonpath", sys.executable,
-                          "--outputjson"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert out.stdout.strip(), out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    report = check(tmp_path, {"include": ["user"], "typeCheckingMode": "standard", "pythonVersion": "3.11",
+                              "extraPaths": [str(site)], "reportMissingModuleSource": "error"})
     errors = [d for d in report["generalDiagnostics"] if d["severity"] == "error"]
     readme = [f"{Path(d['file']).name}:{d['range']['start']['line'] + 1}: {d['message']} ({d.get('rule')})"
               for d in errors if Path(d["file"]).name != "wrong_calls.py"]
@@ -90,13 +95,8 @@ def test_readme_examples_type_check_against_the_wheel(wheel: Path, tmp_path: Pat
 def test_root_names_pass_strict(tmp_path: Path):
     """basedpyright's strict mode on the package root: every public name's type is fully known
     (no ``Unknown`` in a signature: parameters like ``dict[str, Any]``, registries with their item type)."""
-    config = {"include": [str(REPO / "energon_nemotron" / "__init__.py")], "typeCheckingMode": "strict",
-              "pythonVersion": "3.11", "extraPaths": [str(REPO)]}
-    (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))
-    out = subprocess.run([basedpyright(), "-p", str(tmp_path / "pyrightconfig.json"), "--pythonpath", sys.executable,
-                          "--outputjson"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert out.stdout.strip(), out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    report = check(tmp_path, {"include": [str(REPO / "energon_nemotron" / "__init__.py")],
+                              "typeCheckingMode": "strict", "pythonVersion": "3.11", "extraPaths": [str(REPO)]})
     errors = [f"{d['range']['start']['line'] + 1}: {d['message']}" for d in report["generalDiagnostics"]
               if d["severity"] == "error"]
     assert errors == [], "the package root is not strict-clean:\n" + "\n".join(errors)
